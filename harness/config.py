@@ -1,0 +1,249 @@
+"""Typed configuration: model shapes, video geometry, cache, schedule, VAE, parallelism, runtime.
+
+A preset is a TOML file in ``configs/``; every section maps onto one frozen msgspec
+struct below, unknown keys are refused, and ``validate`` checks the divisibility rules
+that the engine relies on (tokens and heads by SP, latent width by VAE ranks) so that a
+bad shape is a one-line error before any process starts.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from harness.errors import ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+#: 16 noisy latent + 16 image-condition latent + 4 mask channels (DESIGN §2).
+LATENT_CHANNELS = 16
+MASK_CHANNELS = 4
+VAE_SPATIAL = 8
+VAE_TEMPORAL = 4
+#: Plücker rays: origin (3) + direction (3) per pixel, pixel-unshuffled by 8 onto the latent grid.
+RAY_CHANNELS = 6
+
+
+class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class ModelConfig(_Section):
+    dim: int = 5120
+    num_layers: int = 40
+    num_heads: int = 40
+    ffn_dim: int = 13824
+    text_dim: int = 4096
+    text_len: int = 512
+    freq_dim: int = 256
+    in_channels: int = 2 * LATENT_CHANNELS + MASK_CHANNELS
+    out_channels: int = LATENT_CHANNELS
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+    eps: float = 1e-6
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def cam_channels(self) -> int:
+        return RAY_CHANNELS * VAE_SPATIAL * VAE_SPATIAL
+
+
+class VideoConfig(_Section):
+    height: int = 480
+    width: int = 832
+    frames_per_chunk: int = 3  # latent frames
+    chunks_per_session: int = 10
+    fps: int = 16
+
+    @property
+    def latent_h(self) -> int:
+        return self.height // VAE_SPATIAL
+
+    @property
+    def latent_w(self) -> int:
+        return self.width // VAE_SPATIAL
+
+    def pixel_frames(self, chunk: int) -> int:
+        """Pixel frames decoded from chunk ``chunk``: the session's first latent frame gives 1."""
+        n = self.frames_per_chunk * VAE_TEMPORAL
+        return n - (VAE_TEMPORAL - 1) if chunk == 0 else n
+
+    def session_frames(self) -> int:
+        return sum(self.pixel_frames(c) for c in range(self.chunks_per_session))
+
+
+class CacheConfig(_Section):
+    sink_frames: int = 9
+    window_frames: int = 18  # visible latent frames, the current chunk included
+    block_size: int = 0  # tokens per KV block; 0 = one latent frame if legal, else a power of two
+    max_sessions: int = 1  # sessions whose KV can be resident at once (pool sizing)
+
+
+class ScheduleConfig(_Section):
+    timesteps: tuple[int, ...] = (1000, 750, 500, 250)
+    flow_shift: float = 5.0
+    num_train_timesteps: int = 1000
+
+
+class VaeConfig(_Section):
+    base_dim: int = 96
+    z_dim: int = LATENT_CHANNELS
+    dim_mult: tuple[int, ...] = (1, 2, 4, 4)
+    num_res_blocks: int = 2
+    temporal_upsample: tuple[bool, ...] = (True, True, False)  # per up stage, Wan 2.1 layout
+
+
+class ParallelConfig(_Section):
+    sp: int = 1
+    vae_ranks: int = 1
+    #: device index per rank; empty = DiT rank r on GPU r, VAE rank r on GPU r (shared placement).
+    dit_devices: tuple[int, ...] = ()
+    vae_devices: tuple[int, ...] = ()
+
+
+Scheduler = Literal["case-d", "case-e"]
+Mode = Literal["eager", "compiled", "deterministic"]
+Device = Literal["cpu", "cuda"]
+
+
+class RuntimeConfig(_Section):
+    device: Device = "cuda"
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    vae_dtype: Literal["float32", "bfloat16"] = "float32"
+    mode: Mode = "eager"
+    scheduler: Scheduler = "case-d"
+    max_pending_decodes: int = 1
+    sessions: int = 6  # the warm-up session (epoch 0) included
+    seed: int = 0
+    attention: str = "sdpa"
+    kv_path: Literal["gather", "paged"] = "gather"
+    ring_slots: int = 4
+    queue_depth: int = 2
+    encoder: str = "pyav"
+    sink: str = "file"
+    save_epochs: tuple[int, ...] = (0, 1)
+    rank_timeout_s: float = 600.0
+
+
+class HarnessConfig(_Section):
+    name: str = "custom"
+    model: ModelConfig = ModelConfig()
+    video: VideoConfig = VideoConfig()
+    cache: CacheConfig = CacheConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    vae: VaeConfig = VaeConfig()
+    parallel: ParallelConfig = ParallelConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+
+    # ---- derived geometry ------------------------------------------------------------
+    @property
+    def tokens_per_frame(self) -> int:
+        _, ph, pw = self.model.patch_size
+        return (self.video.latent_h // ph) * (self.video.latent_w // pw)
+
+    @property
+    def tokens_per_chunk(self) -> int:
+        return self.tokens_per_frame * self.video.frames_per_chunk
+
+    @property
+    def block_size(self) -> int:
+        return resolve_block_size(self.tokens_per_frame, self.cache.block_size)
+
+    @property
+    def max_kv_tokens(self) -> int:
+        return self.cache.window_frames * self.tokens_per_frame
+
+
+def resolve_block_size(tokens_per_frame: int, requested: int) -> int:
+    """One latent frame per block when it is a legal paged-kernel block (multiple of 16),
+    otherwise the largest power of two (≤ 256) that divides a frame."""
+    if requested:
+        if tokens_per_frame % requested:
+            raise ConfigError(f"cache.block_size {requested} does not divide {tokens_per_frame} tokens per frame")
+        return requested
+    if tokens_per_frame % 16 == 0:
+        return tokens_per_frame
+    b = math.gcd(tokens_per_frame, 256)
+    return b & -b
+
+
+def validate(cfg: HarnessConfig) -> HarnessConfig:
+    """Raise ConfigError (one line) when the engine could not run these shapes."""
+    m, v, c, p = cfg.model, cfg.video, cfg.cache, cfg.parallel
+    checks = [
+        (m.dim % m.num_heads == 0, f"model.dim {m.dim} is not divisible by num_heads {m.num_heads}"),
+        (m.head_dim % 2 == 0, f"head_dim {m.head_dim} must be even (RoPE)"),
+        (m.num_layers >= 1, "model.num_layers must be ≥ 1"),
+        (v.height % (VAE_SPATIAL * m.patch_size[1]) == 0 and v.width % (VAE_SPATIAL * m.patch_size[2]) == 0,
+         f"video {v.height}x{v.width} must be divisible by {VAE_SPATIAL * m.patch_size[1]} (VAE × patch)"),
+        (v.frames_per_chunk >= 1 and v.chunks_per_session >= 1, "video.frames_per_chunk and chunks_per_session must be ≥ 1"),
+        (p.sp >= 1 and p.vae_ranks >= 1, "parallel.sp and parallel.vae_ranks must be ≥ 1"),
+        (m.num_heads % p.sp == 0, f"num_heads {m.num_heads} is not divisible by sp={p.sp}"),
+        (cfg.tokens_per_chunk % p.sp == 0, f"tokens per chunk {cfg.tokens_per_chunk} is not divisible by sp={p.sp}"),
+        (v.latent_w % p.vae_ranks == 0, f"latent width {v.latent_w} is not divisible by vae_ranks={p.vae_ranks}"),
+        (v.latent_w // p.vae_ranks >= 2, f"latent strip of {v.latent_w // max(p.vae_ranks, 1)} columns is too narrow for halos"),
+        (c.sink_frames % v.frames_per_chunk == 0, f"cache.sink_frames {c.sink_frames} must be whole chunks of {v.frames_per_chunk}"),
+        (c.window_frames > c.sink_frames + v.frames_per_chunk - 1,
+         f"cache.window_frames {c.window_frames} must exceed sink_frames + frames_per_chunk - 1"),
+        ((c.window_frames - c.sink_frames) % v.frames_per_chunk == 0,
+         "cache.window_frames - sink_frames must be whole chunks"),
+        (list(cfg.schedule.timesteps) == sorted(cfg.schedule.timesteps, reverse=True) and len(cfg.schedule.timesteps) >= 1,
+         "schedule.timesteps must be a non-empty decreasing sequence"),
+        (cfg.runtime.sessions >= 1, "runtime.sessions must be ≥ 1 (the warm-up session counts)"),
+        (cfg.runtime.max_pending_decodes >= 1, "runtime.max_pending_decodes must be ≥ 1"),
+        (cfg.runtime.ring_slots >= 1 and cfg.runtime.queue_depth >= 1, "runtime.ring_slots and queue_depth must be ≥ 1"),
+        (len(cfg.vae.temporal_upsample) == len(cfg.vae.dim_mult) - 1,
+         "vae.temporal_upsample needs one entry per up stage (len(dim_mult) - 1)"),
+        (sum(cfg.vae.temporal_upsample) == 2, "vae.temporal_upsample must upsample time by 4 (two stages)"),
+    ]
+    for ok, msg in checks:
+        if not ok:
+            raise ConfigError(msg)
+    resolve_block_size(cfg.tokens_per_frame, c.block_size)
+    return cfg
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
+
+
+def load_config(path: str | Path) -> HarnessConfig:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
+    try:
+        cfg = msgspec.toml.decode(raw, type=HarnessConfig)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        raise ConfigError(f"invalid config {path.name}: {e}") from None
+    return validate(cfg)
+
+
+def load_preset(name: str) -> HarnessConfig:
+    path = CONFIG_DIR / f"{name}.toml"
+    if not path.is_file():
+        raise ConfigError(f"unknown preset {name!r} (known: {', '.join(preset_names())})")
+    return load_config(path)
+
+
+def override(cfg: HarnessConfig, **sections: dict) -> HarnessConfig:
+    """Return ``cfg`` with fields replaced per section, e.g. ``override(cfg, parallel={"sp": 2})``."""
+    changes = {}
+    for section, fields in sections.items():
+        fields = {k: v for k, v in fields.items() if v is not None}
+        if fields:
+            try:
+                changes[section] = msgspec.structs.replace(getattr(cfg, section), **fields)
+            except TypeError as e:
+                raise ConfigError(f"bad override for [{section}]: {e}") from None
+    return validate(msgspec.structs.replace(cfg, **changes))
+
+
+def to_dict(cfg: HarnessConfig) -> dict:
+    return msgspec.to_builtins(cfg)

@@ -1,0 +1,13 @@
+"""One exception type for everything a user can get wrong.
+
+The CLI prints ``HarnessError`` as a single line and exits non-zero; anything
+else is a bug and keeps its traceback.
+"""
+
+
+class HarnessError(Exception):
+    """A user-facing error: bad config, bad input, a refused candidate, a dead rank."""
+
+
+class ConfigError(HarnessError):
+    """The configuration (preset, TOML, command line) is invalid."""
