@@ -1,0 +1,123 @@
+"""Optimisation candidates: reversible, switchable patches with a declared numeric gate.
+
+The shape follows torchtitan's model converters: each candidate is one module exposing a
+``CANDIDATE`` object; the registry resolves ids (refusing unknown ids, conflicts and unmet
+requirements with one-line errors), applies the configuration part in the driver before launch,
+and the engine part inside each worker, in a fixed order. ``revert`` undoes an engine patch.
+
+An id may carry an argument after a colon, e.g. ``H1b:cudnn``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+from harness.config import HarnessConfig, override
+from harness.errors import HarnessError
+
+Gate = Literal["exact", "threshold", "serving"]
+
+#: id → module under harness.candidates; the order here is the order patches are applied in.
+MODULES: dict[str, str] = {
+    "H1a": "h1a_kv_gather_off",
+    "H1b": "h1b_sdpa_backend",
+    "H5a": "h5a_decode_overlap",
+}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: str
+    name: str
+    description: str
+    gate: Gate
+    reference: Literal["eager", "deterministic"] = "eager"
+    needs: tuple[str, ...] = ()  # "cuda", "triton"
+    conflicts: tuple[str, ...] = ()
+    changes: str = "engine"  # "engine", "runtime", "scheduler" — what it touches
+    configure: Callable[[HarnessConfig, str], HarnessConfig] | None = None
+    patch_dit: Callable[[Any, str], Callable[[], None]] | None = None
+    patch_vae: Callable[[Any, str], Callable[[], None]] | None = None
+    patch_output: Callable[[Any, str], Callable[[], None]] | None = None
+    arg_choices: tuple[str, ...] = ()
+    default_arg: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def split_id(spec: str) -> tuple[str, str]:
+    cid, _, arg = spec.partition(":")
+    return cid.strip(), arg.strip()
+
+
+def get(cid: str) -> Candidate:
+    if cid not in MODULES:
+        raise HarnessError(f"unknown candidate {cid!r} (known: {', '.join(MODULES)})")
+    return importlib.import_module(f"harness.candidates.{MODULES[cid]}").CANDIDATE
+
+
+def all_candidates() -> list[Candidate]:
+    return [get(c) for c in MODULES]
+
+
+def _available(need: str, device: str) -> bool:
+    if need == "cuda":
+        return device == "cuda"
+    if need == "triton":
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return False
+        return device == "cuda"
+    return True
+
+
+def resolve(specs: tuple[str, ...] | list[str], cfg: HarnessConfig) -> list[tuple[Candidate, str]]:
+    """Validate a candidate list against a config; returns (candidate, argument) in apply order."""
+    chosen: dict[str, tuple[Candidate, str]] = {}
+    for spec in specs:
+        cid, arg = split_id(spec)
+        c = get(cid)
+        if cid in chosen:
+            raise HarnessError(f"candidate {cid} given twice")
+        arg = arg or c.default_arg
+        if c.arg_choices and arg not in c.arg_choices:
+            raise HarnessError(f"candidate {cid} takes one of {', '.join(c.arg_choices)}, got {arg!r}")
+        if not c.arg_choices and arg:
+            raise HarnessError(f"candidate {cid} takes no argument, got {arg!r}")
+        for need in c.needs:
+            if not _available(need, cfg.runtime.device):
+                raise HarnessError(f"candidate {cid} ({c.name}) needs {need}; this run is on {cfg.runtime.device}")
+        chosen[cid] = (c, arg)
+    for cid, (c, _) in chosen.items():
+        for other in c.conflicts:
+            if other in chosen:
+                raise HarnessError(f"candidates {cid} and {other} conflict and cannot be combined")
+    return [chosen[c] for c in MODULES if c in chosen]
+
+
+def configure(specs, cfg: HarnessConfig) -> HarnessConfig:
+    """Apply the configuration part of every candidate (driver side, before launch)."""
+    for c, arg in resolve(specs, cfg):
+        if c.configure is not None:
+            cfg = c.configure(cfg, arg)
+    return cfg
+
+
+def apply_candidates(specs, *, dit=None, vae=None, output=None) -> list[str]:
+    """Apply engine patches inside a worker; returns the ids applied there."""
+    applied = []
+    for spec in specs:
+        cid, arg = split_id(spec)
+        c = get(cid)
+        arg = arg or c.default_arg
+        for target, patch in ((dit, c.patch_dit), (vae, c.patch_vae), (output, c.patch_output)):
+            if target is not None and patch is not None:
+                patch(target, arg)
+                applied.append(cid)
+    return applied
+
+
+def set_runtime(cfg: HarnessConfig, **fields) -> HarnessConfig:
+    return override(cfg, runtime=fields)

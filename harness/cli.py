@@ -1,0 +1,153 @@
+"""Command line: ``python -m harness <command>``.
+
+Every user mistake surfaces as one line on stderr and exit status 2; failures of the run itself
+(a dead rank, a failed gate) exit 1. Heavy imports happen inside the commands so ``--help``
+and the error paths stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.errors import HarnessError
+
+EXIT_USAGE = 2
+EXIT_FAIL = 1
+
+
+# ---- shared serve options ------------------------------------------------------------------
+def add_serve_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("run")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--config", help="TOML config file (see configs/)")
+    src.add_argument("--preset", default=None, help="preset name from configs/ (default: tiny)")
+    g.add_argument("--candidate", action="append", default=[], metavar="ID", help="apply an optimisation candidate (repeatable)")
+    g.add_argument("--scheduler", choices=["case-d", "case-e"])
+    g.add_argument("--mode", choices=["eager", "compiled", "deterministic"])
+    g.add_argument("--sessions", type=int, help="sessions including the warm-up one (epoch 0)")
+    g.add_argument("--chunks", type=int, help="chunks per session (default from the preset)")
+    g.add_argument("--seed", type=int)
+    g.add_argument("--hooks", default="", help="comma list: nvtx,dispatch,trace,profile[=A:B]")
+    g.add_argument("--sp", type=int, help="DiT sequence-parallel ranks")
+    g.add_argument("--vae-ranks", type=int, help="VAE width-sharded ranks")
+    g.add_argument("--device", choices=["cpu", "cuda"])
+    g.add_argument("--launcher", choices=["local"], default="local")
+    g.add_argument("--encoder", help="encoder backend (pyav, ffmpeg)")
+    g.add_argument("--sink", help="sink (file, null)")
+    g.add_argument("--ring-slots", type=int)
+    g.add_argument("--out", help="run directory (default runs/<run_id>)")
+    g.add_argument("--no-progress", action="store_true")
+
+
+def resolve_config(args: argparse.Namespace):
+    from harness.config import load_config, load_preset, override
+
+    cfg = load_config(args.config) if args.config else load_preset(args.preset or "tiny")
+    for name in ("sessions", "chunks", "sp", "vae_ranks", "ring_slots"):
+        v = getattr(args, name, None)
+        if v is not None and v < 1:
+            raise HarnessError(f"--{name.replace('_', '-')} must be ≥ 1, got {v}")
+    return override(
+        cfg,
+        parallel={"sp": args.sp, "vae_ranks": args.vae_ranks},
+        video={"chunks_per_session": args.chunks},
+        runtime={
+            "scheduler": args.scheduler, "mode": args.mode, "sessions": args.sessions, "seed": args.seed,
+            "device": args.device, "encoder": args.encoder, "sink": args.sink, "ring_slots": args.ring_slots,
+        },
+    )
+
+
+def parse_hooks(text: str) -> tuple[str, ...]:
+    return tuple(h.strip() for h in text.split(",") if h.strip())
+
+
+# ---- commands ------------------------------------------------------------------------------
+def cmd_serve(args: argparse.Namespace) -> int:
+    from harness.drivers.serve import ServeOptions, serve
+
+    cfg = resolve_config(args)
+    res = serve(cfg, ServeOptions(out=args.out, candidates=tuple(args.candidate), hooks=parse_hooks(args.hooks),
+                                  progress=not args.no_progress))
+    print_headline(res.run_dir, res.summary)
+    return 0
+
+
+def print_headline(run_dir: Path, summary: dict) -> None:
+    print(f"run directory: {run_dir}")
+    for line in headline(summary):
+        print(line)
+
+
+def headline(summary: dict) -> list[str]:
+    out = []
+    b = summary.get("boundaries", {})
+    for name in ("cpu_ready", "encoded", "delivered"):
+        s = b.get(name)
+        if not s:
+            continue
+        fps = s.get("fps")
+        p50, p99 = s.get("interval_p50_ms"), s.get("interval_p99_ms")
+        flag = " (P99 = max, <100 samples)" if s.get("p99_is_max") else ""
+        out.append(f"  {name:<10} steady FPS {fps:.2f}  interval P50 {p50:.1f} ms  P99 {p99:.1f} ms{flag}"
+                   if None not in (fps, p50, p99) else f"  {name:<10} no steady samples")
+    ttfc = summary.get("ttfc_ms", {}).get("delivered")
+    if ttfc is not None:
+        out.append(f"  TTFC (delivered) {ttfc:.1f} ms")
+    h = summary.get("handoff_ms_p50")
+    if h is not None:
+        out.append(f"  handoff cpu_ready→dit_start P50 {h:.2f} ms")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m harness", description="Instrumented serving harness for real-time autoregressive video world models.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sp = sub.add_parser("serve", help="serve the DiT/VAE topology end to end and write a run directory")
+    add_serve_options(sp)
+    sp.set_defaults(fn=cmd_serve)
+
+    be = sub.add_parser("bench-engine", help="time the engine alone: DiT per chunk/forward, VAE decode, FLOPs and MFU")
+    be.add_argument("--preset", default="tiny")
+    be.add_argument("--config")
+    be.add_argument("--sp", type=int)
+    be.add_argument("--vae-ranks", type=int)
+    be.add_argument("--device", choices=["cpu", "cuda"])
+    be.add_argument("--chunks", type=int, default=None, help="chunks to run (default: until the window saturates + 2)")
+    be.add_argument("--peak-tflops", type=float, default=None, help="bf16 dense peak for MFU (default: measured on GPU)")
+    be.add_argument("--flops-only", action="store_true", help="count FLOPs on the meta device and print one JSON line")
+    be.add_argument("--json", help="also write the result to this JSON file")
+    be.set_defaults(fn=_lazy("harness.experiments.bench_engine", "main"))
+    return p
+
+
+def _lazy(module: str, attr: str):
+    def run(args):
+        import importlib
+
+        return getattr(importlib.import_module(module), attr)(args)
+
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.fn(args) or 0)
+    except HarnessError as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"error: {msg}", file=sys.stderr)
+        from harness.drivers.launcher import RankFailed
+
+        return EXIT_FAIL if isinstance(e, RankFailed) else EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""The driver: runs sessions over the launched ranks with the Case D or Case E schedule.
+
+Both schedules use the same workers and messages; they differ only in when the next chunk's
+DiT request may go out:
+
+* Case D — after chunk i's frames are in host memory (``cpu_ready``): DiT(i) → VAE(i) → DiT(i+1).
+* Case E — as soon as the DiT returned chunk i's latent and that latent has been handed to the
+  VAE (or is the only one waiting), with at most ``max_pending_decodes`` decodes in flight.
+
+The driver stamps ``submit``, ``latent_ready`` and ``decode_submit`` itself; the other
+boundaries arrive in the workers' replies. A chunk's event is complete when the encoder stage
+reports it delivered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from harness.config import HarnessConfig
+from harness.drivers.launcher import LocalLauncher, RankFailed
+from harness.drivers.trajectory import actions_for
+from harness.measure.events import ChunkEvent, SessionStart
+from harness.pipeline import messages as M
+
+
+def now() -> int:
+    return time.monotonic_ns()
+
+
+@dataclass
+class SessionResult:
+    start: SessionStart
+    events: list[ChunkEvent]
+    frame_sha256: list[str]
+    chunk_hashes: list[dict]
+    media: M.MediaClosed | None
+    kv_after: dict[str, int] = field(default_factory=dict)
+    ring_free_after: int | None = None
+
+
+@dataclass
+class Driver:
+    cfg: HarnessConfig
+    launcher: LocalLauncher
+    run_dir: Path
+    on_chunk: Callable[[ChunkEvent], None] | None = None
+    _io: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="driver-io"))
+
+    def close(self) -> None:
+        self._io.shutdown(wait=True)
+
+    # ---- one session ---------------------------------------------------------------------
+    def run_session(self, session: int, epoch: int, seed: int, chunks: int | None = None) -> SessionResult:
+        cfg, L = self.cfg, self.launcher
+        n = chunks or cfg.video.chunks_per_session
+        case_e = cfg.runtime.scheduler == "case-e"
+        max_dec = cfg.runtime.max_pending_decodes
+        save = epoch in cfg.runtime.save_epochs
+        timeout = cfg.runtime.rank_timeout_s
+
+        start = SessionStart(session=session, epoch=epoch, start=now())
+        start_msg = M.StartSession(session=session, epoch=epoch, seed=seed, prompt=f"session {session}", image_seed=seed)
+        L.send(L.lead("encoder"), M.OpenSession(session=session, epoch=epoch))
+        L.fanout("dit", start_msg)
+        L.fanout("vae", start_msg)
+
+        stamps: list[dict] = [dict() for _ in range(n)]
+        extra: list[dict] = [{"gpu_ms": {}, "blocked_ns": {}, "frames": 0} for _ in range(n)]
+        hashes: list[dict] = [{} for _ in range(n)]
+        frame_sha: dict[int, list[str]] = {}
+        next_chunk, dit_busy, delivered = 0, False, 0
+        waiting: deque[tuple[int, M.LatentReady]] = deque()
+        decoding: deque[int] = deque()
+        frames_back = 0  # chunks whose frames reached host memory
+
+        def may_submit() -> bool:
+            if dit_busy or next_chunk >= n:
+                return False
+            if case_e:
+                return not waiting
+            return frames_back == next_chunk  # Case D: previous chunk is cpu_ready
+
+        deadline = time.monotonic() + timeout
+        while delivered < n:
+            if may_submit():
+                c = next_chunk
+                stamps[c]["submit"] = now()
+                L.fanout("dit", M.GenerateChunk(session=session, chunk=c, actions=actions_for(seed, c, cfg.video.frames_per_chunk)))
+                next_chunk, dit_busy = c + 1, True
+            while waiting and len(decoding) < max_dec:
+                c, lat = waiting.popleft()
+                stamps[c]["decode_submit"] = now()
+                L.fanout("vae", M.DecodeChunk(session=session, epoch=epoch, chunk=c, latent=lat.latent))
+                decoding.append(c)
+                self._io.submit(self._keep_latent, epoch, c, lat.latent, save, hashes[c])
+            if may_submit():
+                continue
+            msgs = L.poll(min(1.0, max(0.0, deadline - time.monotonic())))
+            if not msgs and time.monotonic() > deadline:
+                raise RankFailed(f"session {session}: no progress for {timeout:.0f} s (chunk {delivered} not delivered)")
+            for proc, msg in msgs:
+                deadline = time.monotonic() + timeout
+                if isinstance(msg, M.LatentReady):
+                    t = now()
+                    s = stamps[msg.chunk]
+                    s.update(dit_start=msg.dit_start, dit_end=msg.dit_end, latent_ready=t)
+                    extra[msg.chunk]["gpu_ms"].update({f"dit_{k}" if k != "dit" else k: v for k, v in msg.gpu_ms.items()})
+                    waiting.append((msg.chunk, msg))
+                    dit_busy = False
+                elif isinstance(msg, M.FramesReady):
+                    s = stamps[msg.chunk]
+                    s.update(decode_start=msg.decode_start, decode_end=msg.decode_end, gpu_ready=msg.gpu_ready, cpu_ready=msg.cpu_ready)
+                    extra[msg.chunk]["gpu_ms"].update(msg.gpu_ms)
+                    extra[msg.chunk]["blocked_ns"].update(msg.blocked_ns)
+                    extra[msg.chunk]["frames"] = msg.frames
+                    decoding.popleft()
+                    frames_back += 1
+                    L.send(L.lead("encoder"), M.EncodeChunk(frames=msg, save_pixels=save))
+                elif isinstance(msg, M.ChunkDelivered):
+                    s = stamps[msg.chunk]
+                    s.update(received=msg.received, encoded=msg.encoded, delivered=msg.delivered)
+                    extra[msg.chunk]["blocked_ns"].update({k: v for k, v in msg.blocked_ns.items() if v})
+                    hashes[msg.chunk]["pixels_sha256"] = msg.pixel_sha256
+                    frame_sha[msg.chunk] = msg.frame_sha256
+                    delivered += 1
+                    if self.on_chunk:
+                        self.on_chunk(self._event(session, epoch, msg.chunk, stamps, extra))
+                else:
+                    raise RankFailed(f"unexpected {type(msg).__name__} from {proc.name} in session {session}")
+
+        media, kv, ring_free = self._end_session(session)
+        self._io.submit(lambda: None).result()  # latent saves/hashes of this session are done
+        events = [self._event(session, epoch, c, stamps, extra) for c in range(n)]
+        records = [dict(epoch=epoch, session=session, chunk=c, **hashes[c]) for c in range(n)]
+        return SessionResult(start, events, [h for c in range(n) for h in frame_sha.get(c, [])], records, media, kv, ring_free)
+
+    def _end_session(self, session: int):
+        L = self.launcher
+        L.send(L.lead("encoder"), M.CloseSession(session=session))
+        L.fanout("dit", M.EndSession(session=session))
+        L.fanout("vae", M.EndSession(session=session))
+        media, kv, ring_free = None, {}, None
+        pending = {"encoder", "dit", "vae"}
+        deadline = time.monotonic() + self.cfg.runtime.rank_timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise RankFailed(f"session {session}: {', '.join(sorted(pending))} did not acknowledge the end")
+            for proc, msg in L.poll(1.0):
+                if isinstance(msg, M.MediaClosed):
+                    media = msg
+                    pending.discard("encoder")
+                elif isinstance(msg, M.SessionEnded):
+                    if msg.role == "dit":
+                        kv = dict(msg.stats)
+                    else:
+                        ring_free = msg.stats.get("ring_free")
+                    pending.discard(msg.role)
+        return media, kv, ring_free
+
+    def _keep_latent(self, epoch: int, chunk: int, latent: M.Tensor, save: bool, record: dict) -> None:
+        """Off the critical path: hash every chunk's latent, save those of the saved epochs."""
+        record["latent_sha256"] = hashlib.sha256(latent.data).hexdigest()
+        if save:
+            from harness.measure.gates import save_latent
+
+            save_latent(self.run_dir, epoch, chunk, latent.array())
+
+    @staticmethod
+    def _event(session: int, epoch: int, chunk: int, stamps: list[dict], extra: list[dict]) -> ChunkEvent:
+        e = extra[chunk]
+        return ChunkEvent(session=session, epoch=epoch, chunk=chunk, frames=e["frames"], gpu_ms=dict(e["gpu_ms"]),
+                          blocked_ns=dict(e["blocked_ns"]), **stamps[chunk])
+
+    # ---- small probes --------------------------------------------------------------------
+    def control_round_trip_ns(self, n: int = 20) -> list[int]:
+        """Driver → DiT rank 0 → driver over the control pipe, ``n`` times."""
+        L = self.launcher
+        out = []
+        for _ in range(n):
+            t0 = now()
+            L.send(L.lead("dit"), M.Ping(sent_ns=t0))
+            msg = L.recv(L.lead("dit"), 30.0)
+            assert isinstance(msg, M.Pong)
+            out.append(now() - t0)
+        return out
+
+
+def chunk_frames_hashes(frames: np.ndarray) -> list[str]:
+    return [hashlib.sha256(f.tobytes()).hexdigest() for f in frames]

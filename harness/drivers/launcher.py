@@ -1,0 +1,200 @@
+"""Local launcher: one process per DiT rank, per VAE rank and for the encoder stage.
+
+The launcher owns process lifetime. Whatever happens — a normal end, Ctrl-C, a worker error,
+a rank killed by the OS — ``shutdown`` reaps every process (Shutdown message, bounded join,
+then SIGKILL) and the caller's ``finally`` unlinks the shared memory. A rank that dies is
+noticed through its process sentinel, not through a timeout, so the error names it at once.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Callable
+
+from harness.config import HarnessConfig
+from harness.engine.groups import free_port
+from harness.errors import HarnessError
+from harness.pipeline import messages as M
+from harness.workers.common import WorkerSpec, needs_world
+
+
+class RankFailed(HarnessError):
+    """A worker rank died or reported an error."""
+
+
+@dataclass
+class Proc:
+    role: str
+    rank: int
+    process: mp.Process
+    conn: Connection
+    ready: M.Ready | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} rank {self.rank}" if self.role != "encoder" else "encoder"
+
+
+def placement(cfg: HarnessConfig, device: str) -> dict[str, list[str]]:
+    """Device string per rank. Default on CUDA: DiT rank r and VAE rank r share GPU r
+    (the production placement); ``parallel.*_devices`` overrides it (e.g. separate GPUs)."""
+    sp, m = cfg.parallel.sp, cfg.parallel.vae_ranks
+    if device == "cpu":
+        return {"dit": ["cpu"] * sp, "vae": ["cpu"] * m}
+    import torch
+
+    n = torch.cuda.device_count()
+    if n == 0:
+        raise HarnessError("--device cuda but no CUDA device is visible")
+    dit = list(cfg.parallel.dit_devices) or [r % n for r in range(sp)]
+    vae = list(cfg.parallel.vae_devices) or [r % n for r in range(m)]
+    for d in dit + vae:
+        if not 0 <= d < n:
+            raise HarnessError(f"placement names GPU {d} but only {n} are visible")
+    if len(dit) != sp or len(vae) != m:
+        raise HarnessError("parallel.dit_devices / vae_devices must list one GPU per rank")
+    return {"dit": [f"cuda:{d}" for d in dit], "vae": [f"cuda:{d}" for d in vae]}
+
+
+def _entry(role: str) -> Callable:
+    if role == "dit":
+        from harness.workers.dit_worker import main
+    elif role == "vae":
+        from harness.workers.vae_worker import main
+    else:
+        from harness.workers.encoder_worker import main
+    return main
+
+
+def _run(role: str, spec: WorkerSpec, conn: Connection) -> None:  # spawn target
+    _entry(role)(spec, conn)
+
+
+@dataclass
+class LocalLauncher:
+    cfg: HarnessConfig
+    run_dir: str
+    ring_spec: dict
+    candidates: tuple[str, ...] = ()
+    hooks: tuple[str, ...] = ()
+    faults: dict[str, str] = field(default_factory=dict)  # "dit:1" → "die-at-chunk:3"
+    procs: list[Proc] = field(default_factory=list)
+
+    def start(self) -> None:
+        cfg = self.cfg
+        ctx = mp.get_context("spawn")
+        places = placement(cfg, cfg.runtime.device)
+        port = free_port() if needs_world(cfg) else 0
+        det = cfg.runtime.mode == "deterministic"
+        threads = max(1, _cpu_threads(cfg))
+        plan = [("dit", r, places["dit"][r]) for r in range(cfg.parallel.sp)]
+        plan += [("vae", r, places["vae"][r]) for r in range(cfg.parallel.vae_ranks)]
+        plan += [("encoder", 0, "cpu")]
+        for role, rank, dev in plan:
+            spec = WorkerSpec(
+                role=role, rank=rank, cfg=cfg, device=dev, dist_port=port, run_dir=self.run_dir,
+                ring=self.ring_spec if (role == "encoder" or (role == "vae" and rank == 0)) else None,
+                candidates=self.candidates, hooks=self.hooks, threads=threads, deterministic=det,
+                fault=self.faults.get(f"{role}:{rank}", ""),
+            )
+            parent, child = ctx.Pipe(duplex=True)
+            p = ctx.Process(target=_run, args=(role, spec, child), name=f"harness-{role}{rank}", daemon=True)
+            p.start()
+            child.close()
+            self.procs.append(Proc(role, rank, p, parent))
+        deadline = time.monotonic() + cfg.runtime.rank_timeout_s
+        for proc in self.procs:
+            msg = self.recv(proc, deadline - time.monotonic())
+            if not isinstance(msg, M.Ready):
+                raise RankFailed(f"{proc.name} sent {type(msg).__name__} instead of Ready")
+            proc.ready = msg
+
+    # ---- addressing ----------------------------------------------------------------------
+    def group(self, role: str) -> list[Proc]:
+        return [p for p in self.procs if p.role == role]
+
+    def lead(self, role: str) -> Proc:
+        return self.group(role)[0]
+
+    def fanout(self, role: str, msg) -> None:
+        raw = M.encode(msg)
+        for p in self.group(role):
+            p.conn.send_bytes(raw)
+
+    def send(self, proc: Proc, msg) -> None:
+        proc.conn.send_bytes(M.encode(msg))
+
+    # ---- receiving -----------------------------------------------------------------------
+    def poll(self, timeout: float) -> list[tuple[Proc, object]]:
+        """Messages ready within ``timeout`` seconds from any process; raises on a dead rank."""
+        conns = {p.conn: p for p in self.procs}
+        sentinels = {p.process.sentinel: p for p in self.procs}
+        ready = wait(list(conns) + list(sentinels), timeout=max(0.0, timeout))
+        out = []
+        for obj in ready:
+            if obj in conns:
+                p = conns[obj]
+                try:
+                    msg = M.recv(p.conn)
+                except (EOFError, OSError):
+                    raise self._death(p) from None
+                if isinstance(msg, M.WorkerError):
+                    raise RankFailed(f"{p.name} failed: {msg.message.splitlines()[0]}")
+                out.append((p, msg))
+        if not out:
+            for obj in ready:
+                if obj in sentinels:
+                    raise self._death(sentinels[obj])
+        return out
+
+    def recv(self, proc: Proc, timeout: float):
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RankFailed(f"{proc.name} did not answer within {timeout:.0f} s")
+            if not proc.process.is_alive() and not proc.conn.poll():
+                raise self._death(proc)
+            for p, msg in self.poll(min(left, 1.0)):
+                if p is proc:
+                    return msg
+                raise RankFailed(f"unexpected {type(msg).__name__} from {p.name}")
+
+    def _death(self, proc: Proc) -> RankFailed:
+        proc.process.join(timeout=1)
+        code = proc.process.exitcode
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        return RankFailed(f"{proc.name} (pid {proc.process.pid}) died: {how}")
+
+    # ---- teardown ------------------------------------------------------------------------
+    def shutdown(self, grace_s: float = 10.0) -> None:
+        for p in self.procs:
+            try:
+                if p.process.is_alive():
+                    self.send(p, M.Shutdown())
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + grace_s
+        for p in self.procs:
+            p.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.process.is_alive():
+                p.process.kill()
+                p.process.join(timeout=5)
+            p.conn.close()
+
+    def pids(self) -> list[int]:
+        return [p.process.pid for p in self.procs if p.process.pid is not None]
+
+
+def _cpu_threads(cfg: HarnessConfig) -> int:
+    """Share the host's cores among the compute ranks on CPU; one thread each on GPU."""
+    import os
+
+    if cfg.runtime.device != "cpu":
+        return 1
+    ranks = cfg.parallel.sp + cfg.parallel.vae_ranks
+    return max(1, (os.cpu_count() or 1) // ranks)

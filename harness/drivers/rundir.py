@@ -1,0 +1,120 @@
+"""The run directory: where a run's manifest, events, summary, outputs and media live.
+
+Files are written whole or not at all (temp file + rename), so a run that fails half-way never
+leaves a truncated ``summary.json`` that looks valid; ``manifest.json`` records the status.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+
+from harness.errors import HarnessError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def new_run_dir(out: str | None, name: str) -> Path:
+    if out:
+        path = Path(out)
+    else:
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        path = REPO_ROOT / "runs" / f"{stamp}-{name}-{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "media").mkdir(exist_ok=True)
+        (path / "outputs").mkdir(exist_ok=True)
+        probe = path / ".write-probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise HarnessError(f"output directory {path} is not writable: {e.strerror}") from None
+    return path
+
+
+def write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(obj), indent=2) + b"\n")
+    os.replace(tmp, path)
+
+
+def write_jsonl(path: Path, rows) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    enc = msgspec.json.Encoder()
+    with open(tmp, "wb") as f:
+        for r in rows:
+            f.write(enc.encode(r) + b"\n")
+    os.replace(tmp, path)
+
+
+def git_state() -> dict:
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    commit = git("rev-parse", "HEAD")
+    return {"commit": commit or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no")) if commit else None}
+
+
+def versions() -> dict:
+    import numpy
+    import torch
+
+    v = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "numpy": numpy.__version__,
+        "msgspec": msgspec.__version__,
+        "harness_git": git_state(),
+        "platform": platform.platform(),
+    }
+    try:
+        import av
+
+        v["av"] = av.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        v["cudnn"] = torch.backends.cudnn.version()
+        v["tf32_conv"] = bool(torch.backends.cudnn.allow_tf32)
+        v["tf32_matmul"] = bool(torch.backends.cuda.matmul.allow_tf32)
+    return v
+
+
+def manifest(cfg, *, candidates, hooks, placement, devices, extra=None) -> dict:
+    from harness.config import to_dict
+
+    cfg_d = to_dict(cfg)
+    return {
+        "command": sys.argv,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "config": cfg_d,
+        "config_sha256": hashlib.sha256(json.dumps(cfg_d, sort_keys=True).encode()).hexdigest(),
+        "preset": cfg.name,
+        "mode": cfg.runtime.mode,
+        "scheduler": cfg.runtime.scheduler,
+        "candidates": list(candidates),
+        "hooks": list(hooks),
+        "placement": placement,
+        "devices": devices,
+        "seeds": {"run": cfg.runtime.seed, "sessions": "seed + session index"},
+        "protocol": {
+            "sessions": cfg.runtime.sessions,
+            "warmup_epochs": 1,
+            "chunks_per_session": cfg.video.chunks_per_session,
+            "saved_epochs": list(cfg.runtime.save_epochs),
+        },
+        "versions": versions(),
+        **(extra or {}),
+    }

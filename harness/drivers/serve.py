@@ -1,0 +1,155 @@
+"""``serve``: launch the topology, run the sessions, write the run directory.
+
+Order of business: validate and create the run directory (so a bad output path fails before any
+process starts), create the frame ring, launch the ranks, run warm-up + measured sessions, write
+``events.jsonl`` as chunks are delivered (so a failure keeps what was measured), then the
+summary. The ``finally`` always reaps every process and unlinks the ring.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import msgspec
+
+from harness.config import HarnessConfig, VAE_TEMPORAL
+from harness.drivers.driver import Driver, SessionResult
+from harness.drivers.launcher import LocalLauncher
+from harness.drivers.rundir import manifest, new_run_dir, write_json, write_jsonl
+from harness.measure.events import ChunkEvent
+
+
+@dataclass
+class ServeOptions:
+    out: str | None = None
+    candidates: tuple[str, ...] = ()
+    hooks: tuple[str, ...] = ()
+    progress: bool = True
+    faults: dict[str, str] = field(default_factory=dict)
+    probes: bool = True  # control round trip measured once before the sessions
+
+
+@dataclass
+class ServeResult:
+    run_dir: Path
+    sessions: list[SessionResult]
+    summary: dict
+    ring_prefix: str
+    pids: list[int]
+
+
+def ring_slot_bytes(cfg: HarnessConfig) -> int:
+    return cfg.video.frames_per_chunk * VAE_TEMPORAL * cfg.video.height * cfg.video.width * 3
+
+
+def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionResult], None] | None = None) -> ServeResult:
+    from harness.candidates import configure
+    from harness.pipeline.ring import FrameRing
+
+    cfg = configure(opts.candidates, cfg)  # refuses unknown/conflicting/inapplicable ids before anything starts
+    run_dir = new_run_dir(opts.out, cfg.name)
+    prefix = f"harness-{os.getpid()}-{secrets.token_hex(3)}"
+    ring = FrameRing.create(prefix, cfg.runtime.ring_slots, ring_slot_bytes(cfg))
+    launcher = LocalLauncher(cfg, str(run_dir), msgspec.to_builtins(ring.spec), opts.candidates, opts.hooks, dict(opts.faults))
+    events_f = open(run_dir / "events.jsonl", "wb")
+    enc = msgspec.json.Encoder()
+    results: list[SessionResult] = []
+    status, error, probes = "running", None, {}
+    man = manifest(cfg, candidates=opts.candidates, hooks=opts.hooks, placement=None, devices=None,
+                   extra={"status": status, "ring": {"slots": cfg.runtime.ring_slots, "slot_bytes": ring.spec.slot_bytes}})
+    write_json(run_dir / "manifest.json", man)
+
+    def on_chunk(ev: ChunkEvent) -> None:
+        events_f.write(enc.encode(ev) + b"\n")
+        events_f.flush()
+
+    driver = None
+    try:
+        launcher.start()
+        man["placement"] = {p.name: p.ready.device for p in launcher.procs}
+        man["devices"] = sorted({p.ready.device_name for p in launcher.procs})
+        man["applied_candidates"] = {p.name: p.ready.info.get("candidates", "") for p in launcher.procs if p.role != "encoder"}
+        write_json(run_dir / "manifest.json", man)
+        driver = Driver(cfg, launcher, run_dir, on_chunk=on_chunk)
+        if opts.probes:
+            rt = sorted(driver.control_round_trip_ns(20))
+            probes["control_round_trip_ns_p50"] = rt[len(rt) // 2]
+        bar = _progress(cfg, opts.progress)
+        for s in range(cfg.runtime.sessions):
+            res = driver.run_session(session=s, epoch=s, seed=cfg.runtime.seed + s)
+            results.append(res)
+            if on_session:
+                on_session(res)
+            if bar is not None:
+                bar.update(cfg.video.chunks_per_session)
+        if bar is not None:
+            bar.close()
+        status = "complete"
+    except BaseException as e:
+        status, error = ("interrupted" if isinstance(e, KeyboardInterrupt) else "failed"), f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        if driver is not None:
+            driver.close()
+        launcher.shutdown()
+        pids = launcher.pids()
+        ring.close()
+        ring.unlink()
+        events_f.close()
+        summary = _finish(run_dir, cfg, results, status, error, probes, opts)
+        man.update(status=status, error=error)
+        write_json(run_dir / "manifest.json", man)
+    return ServeResult(run_dir, results, summary, prefix, pids)
+
+
+def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], status: str, error: str | None,
+            probes: dict, opts: ServeOptions) -> dict:
+    from harness.measure.events import read_events
+    from harness.measure.summary import build_summary
+
+    write_jsonl(run_dir / "sessions.jsonl", [r.start for r in results])
+    write_jsonl(run_dir / "outputs" / "hashes.jsonl", [h for r in results for h in r.chunk_hashes])
+    write_jsonl(run_dir / "frames.jsonl", [{"session": r.start.session, "frame_sha256": r.frame_sha256} for r in results])
+    events = read_events(run_dir / "events.jsonl")
+    summary = msgspec.to_builtins(build_summary(events, [r.start for r in results]))
+    summary["status"] = status
+    if error:
+        summary["error"] = error
+    summary["hooks"] = list(opts.hooks)
+    summary["candidates"] = list(opts.candidates)
+    summary["probes"] = probes
+    summary["sessions_completed"] = len(results)
+    write_json(run_dir / "summary.json", summary)
+    return summary
+
+
+def _progress(cfg: HarnessConfig, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.runtime.sessions * cfg.video.chunks_per_session, unit="chunk", desc="serve", leave=False)
+
+
+def wait_gone(pids: list[int], timeout_s: float = 10.0) -> list[int]:
+    """PIDs still alive after ``timeout_s`` (zombies count as gone)."""
+    deadline = time.monotonic() + timeout_s
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _alive(p)]
+        if alive:
+            time.sleep(0.05)
+    return alive
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

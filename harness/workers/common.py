@@ -1,0 +1,151 @@
+"""What every worker process does before and around its loop: process hygiene, the device,
+the torch.distributed world and the DiT/VAE sub-groups.
+
+World layout: DiT ranks take global ranks 0..sp-1, VAE ranks sp..sp+M-1; each role gets its
+own sub-group, so the DiT's all-to-alls and the VAE's halo exchanges never share a
+communicator. When neither group has more than one rank, no world is created at all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from typing import Literal
+
+import msgspec
+import torch
+
+from harness.config import HarnessConfig
+from harness.engine.groups import RankGroup
+
+Role = Literal["dit", "vae", "encoder"]
+
+
+class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
+    role: Role
+    rank: int
+    cfg: HarnessConfig
+    device: str  # "cpu" or "cuda:N"
+    dist_port: int = 0
+    run_dir: str = ""
+    ring: dict | None = None  # FrameRing spec (VAE rank 0 and the encoder)
+    candidates: tuple[str, ...] = ()
+    hooks: tuple[str, ...] = ()
+    threads: int = 1
+    deterministic: bool = False
+    fault: str = ""  # test/scenario hook: "die-at-chunk:N" makes this rank exit hard mid-run
+
+
+def process_setup(spec: WorkerSpec) -> None:
+    """Hygiene for a child of the driver.
+
+    SIGINT is ignored so that Ctrl-C in a terminal (sent to the whole process group) reaches
+    only the driver, which then shuts everything down in order; PR_SET_PDEATHSIG makes the
+    kernel kill this process if the driver dies without reaping it, so no rank outlives a run.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # parent already gone before prctl took effect
+            os._exit(1)
+    except OSError:
+        pass
+    torch.set_num_threads(max(1, spec.threads))
+    if spec.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    if spec.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(spec.device))
+
+
+def world_size(cfg: HarnessConfig) -> int:
+    return cfg.parallel.sp + cfg.parallel.vae_ranks
+
+
+def needs_world(cfg: HarnessConfig) -> bool:
+    return cfg.parallel.sp > 1 or cfg.parallel.vae_ranks > 1
+
+
+def init_groups(spec: WorkerSpec) -> RankGroup:
+    """Join the world (if any) and return this rank's role group."""
+    cfg = spec.cfg
+    if not needs_world(cfg):
+        return RankGroup.single()
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    sp, m = cfg.parallel.sp, cfg.parallel.vae_ranks
+    global_rank = spec.rank if spec.role == "dit" else sp + spec.rank
+    backend = "nccl" if spec.device.startswith("cuda") else "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{spec.dist_port}",
+        rank=global_rank,
+        world_size=sp + m,
+        timeout=timedelta(seconds=cfg.runtime.rank_timeout_s),
+    )
+    # Every rank must create every sub-group, in the same order, members or not.
+    dit = dist.new_group(list(range(sp))) if sp > 1 else None
+    vae = dist.new_group(list(range(sp, sp + m))) if m > 1 else None
+    if spec.role == "dit":
+        return RankGroup(spec.rank, sp, dit) if sp > 1 else RankGroup.single()
+    return RankGroup(spec.rank, m, vae) if m > 1 else RankGroup.single()
+
+
+def shutdown_groups() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return "cpu"
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def now() -> int:
+    return time.monotonic_ns()
+
+
+def maybe_fault(spec: WorkerSpec, chunk: int) -> None:
+    """Scenario hook: die abruptly (as a crashed rank would) when told to, at a given chunk."""
+    if spec.fault.startswith("die-at-chunk:") and chunk == int(spec.fault.split(":", 1)[1]):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class GpuTimer:
+    """CUDA-event durations for named stages; reads them only when asked (no sync on record)."""
+
+    def __init__(self, device: torch.device):
+        self.enabled = device.type == "cuda"
+        self._marks: dict[str, tuple] = {}
+
+    def start(self, name: str) -> None:
+        if self.enabled:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._marks[name] = (ev, None)
+
+    def stop(self, name: str) -> None:
+        if self.enabled and name in self._marks:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._marks[name] = (self._marks[name][0], ev)
+
+    def collect(self) -> dict[str, float]:
+        """Milliseconds per stage; call after a synchronize."""
+        out = {k: a.elapsed_time(b) for k, (a, b) in self._marks.items() if b is not None}
+        self._marks.clear()
+        return out

@@ -1,0 +1,80 @@
+"""DiT rank process: runs the chunk loop for the driver.
+
+Every DiT rank receives the same messages in the same order (the driver fans them out), so the
+ranks enter their collectives together; only rank 0 answers. ``dit_start``/``dit_end`` are
+stamped on rank 0 around the chunk's five forwards, ``dit_end`` after the device finished.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+import numpy as np
+import torch
+
+from harness.pipeline import messages as M
+from harness.workers.common import (
+    GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, now, process_setup,
+    shutdown_groups, synchronize,
+)
+
+
+def main(spec: WorkerSpec, conn) -> None:
+    process_setup(spec)
+    try:
+        _serve(spec, conn)
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass  # the driver went away; nothing to report to
+    except BaseException as e:
+        try:
+            M.send(conn, M.WorkerError(role="dit", rank=spec.rank, message=f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        except Exception:
+            pass
+        raise SystemExit(1)
+    finally:
+        shutdown_groups()
+
+
+def _serve(spec: WorkerSpec, conn) -> None:
+    from harness.candidates import apply_candidates
+    from harness.engine.dit_engine import DitEngine, SessionConditions
+    from harness.engine.image import conditioning_image_latent
+
+    group = init_groups(spec)
+    device = torch.device(spec.device)
+    cfg = spec.cfg
+    engine = DitEngine(cfg, group=group, device=device, seed=cfg.runtime.seed)
+    applied = apply_candidates(spec.candidates, dit=engine)
+    lead = spec.rank == 0
+    timer = GpuTimer(device)
+    M.send(conn, M.Ready(role="dit", rank=spec.rank, device=str(device), device_name=device_name(device),
+                         info={"candidates": ",".join(applied)}))
+    sessions: dict[int, object] = {}
+    while True:
+        msg = M.recv(conn)
+        if isinstance(msg, M.GenerateChunk):
+            maybe_fault(spec, msg.chunk)
+            t0 = now()
+            timer.start("dit")
+            latent = engine.generate_chunk(sessions[msg.session], msg.actions)
+            timer.stop("dit")
+            host = latent.detach().to("cpu", torch.float32).numpy()  # synchronises with the device
+            synchronize(device)
+            t1 = now()
+            if lead:
+                M.send(conn, M.LatentReady(session=msg.session, chunk=msg.chunk, latent=M.Tensor.of(np.ascontiguousarray(host)),
+                                           dit_start=t0, dit_end=t1, gpu_ms=timer.collect()))
+        elif isinstance(msg, M.StartSession):
+            image = conditioning_image_latent(cfg, msg.image_seed, device) if msg.image_seed is not None else None
+            sessions[msg.session] = engine.start_session(SessionConditions(prompt=msg.prompt, seed=msg.seed, image_latent=image))
+        elif isinstance(msg, M.EndSession):
+            s = sessions.pop(msg.session, None)
+            if s is not None:
+                engine.end_session(s)
+            if lead:
+                stats = {k: int(v) for k, v in engine.kv_stats().items() if isinstance(v, (int, np.integer))}
+                M.send(conn, M.SessionEnded(role="dit", session=msg.session, stats=stats))
+        elif isinstance(msg, M.Ping):
+            M.send(conn, M.Pong(sent_ns=msg.sent_ns, recv_ns=now()))
+        elif isinstance(msg, M.Shutdown):
+            return

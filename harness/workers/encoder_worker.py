@@ -1,0 +1,100 @@
+"""Encoder stage process: ring slot → FFV1/Matroska per session → sink.
+
+``received`` is stamped when this process holds the slot metadata (the frames crossed a process
+boundary), ``encoded`` once the chunk's packets exist, ``delivered`` when the sink accepted the
+bytes. Per-frame SHA-256 digests are taken here, off the critical path, so that scenarios can
+prove every frame arrived exactly once and in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import traceback
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from harness.pipeline import messages as M
+from harness.workers.common import WorkerSpec, now, process_setup
+
+
+def main(spec: WorkerSpec, conn) -> None:
+    process_setup(spec)
+    ring = None
+    try:
+        from harness.pipeline.ring import FrameRing, RingSpec
+
+        ring = FrameRing.attach(msgspec.convert(spec.ring, RingSpec))
+        _serve(spec, conn, ring)
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass
+    except BaseException as e:
+        try:
+            M.send(conn, M.WorkerError(role="encoder", rank=0, message=f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        except Exception:
+            pass
+        raise SystemExit(1)
+    finally:
+        if ring is not None:
+            ring.close()
+
+
+class _Open:
+    def __init__(self, encoder, sink, path: Path | None):
+        self.encoder, self.sink, self.path = encoder, sink, path
+
+
+def _serve(spec: WorkerSpec, conn, ring) -> None:
+    from harness.measure.gates import save_pixels
+    from harness.pipeline.encoder import make_encoder
+    from harness.pipeline.sinks import make_sink
+
+    cfg = spec.cfg
+    run_dir = Path(spec.run_dir)
+    open_: dict[int, _Open] = {}
+    M.send(conn, M.Ready(role="encoder", rank=0, device="cpu", device_name="cpu", info={"encoder": cfg.runtime.encoder}))
+    while True:
+        msg = M.recv(conn)
+        if isinstance(msg, M.EncodeChunk):
+            fr = msg.frames
+            received = now()
+            view = ring.view(fr.slot, (fr.frames, fr.height, fr.width, 3))
+            frame_sha = [hashlib.sha256(view[i].tobytes()).hexdigest() for i in range(fr.frames)]
+            chunk_sha = hashlib.sha256(view.tobytes()).hexdigest()
+            if msg.save_pixels:
+                save_pixels(run_dir, fr.epoch, fr.chunk, view)
+            o = open_[fr.session]
+            before = o.sink.bytes_accepted
+            o.encoder.encode(view)
+            encoded = now()
+            ring.release(fr.slot)
+            delivered = o.sink.flush()
+            M.send(conn, M.ChunkDelivered(
+                session=fr.session, chunk=fr.chunk, slot=fr.slot, received=received, encoded=encoded,
+                delivered=delivered, bytes=o.sink.bytes_accepted - before, pixel_sha256=chunk_sha,
+                frame_sha256=frame_sha, blocked_ns={"sink": o.sink.take_blocked_ns()},
+            ))
+        elif isinstance(msg, M.OpenSession):
+            path = run_dir / "media" / f"session{msg.session}.mkv" if cfg.runtime.sink == "file" else None
+            sink = make_sink(cfg.runtime.sink, path=path)
+            enc = make_encoder(cfg.runtime.encoder, width=cfg.video.width, height=cfg.video.height, fps=cfg.video.fps)
+            enc.open(sink)
+            open_[msg.session] = _Open(enc, sink, path)
+        elif isinstance(msg, M.CloseSession):
+            o = open_.pop(msg.session, None)
+            if o is None:
+                continue
+            o.encoder.close()
+            o.sink.close()
+            discarded = False
+            if msg.discard and o.path is not None and o.path.exists():
+                o.path.unlink()
+                discarded = True
+            M.send(conn, M.MediaClosed(session=msg.session, path=str(o.path or ""), bytes=o.sink.bytes_accepted,
+                                       discarded=discarded))
+        elif isinstance(msg, M.Shutdown):
+            for o in open_.values():
+                o.encoder.close()
+                o.sink.close()
+            return

@@ -1,0 +1,121 @@
+"""VAE rank process: streaming, width-sharded decode; rank 0 converts to uint8 and fills a ring slot.
+
+Rank 0's path per chunk: decode (all ranks, halo exchange) → gather → uint8 on the device
+(``gpu_ready``) → acquire a free ring slot (blocks when the encoder is behind: that wait is the
+backpressure signal, recorded) → copy into the slot (``cpu_ready``) → slot metadata to the driver.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+import torch
+
+from harness.pipeline import messages as M
+from harness.workers.common import (
+    GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, now, process_setup,
+    shutdown_groups, synchronize,
+)
+
+
+def main(spec: WorkerSpec, conn) -> None:
+    process_setup(spec)
+    ring = None
+    try:
+        ring = _attach_ring(spec)
+        _serve(spec, conn, ring)
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass
+    except BaseException as e:
+        try:
+            M.send(conn, M.WorkerError(role="vae", rank=spec.rank, message=f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        except Exception:
+            pass
+        raise SystemExit(1)
+    finally:
+        if ring is not None:
+            ring.close()
+        shutdown_groups()
+
+
+def _attach_ring(spec: WorkerSpec):
+    if spec.rank != 0 or spec.ring is None:
+        return None
+    from harness.pipeline.ring import FrameRing, RingSpec
+    import msgspec
+
+    return FrameRing.attach(msgspec.convert(spec.ring, RingSpec))
+
+
+class OutputPath:
+    """Float frames on the device → uint8 THWC in a host ring slot. Candidates (fused
+    conversion, pinned staging) replace ``convert``/``copy_out``; the reference is exact."""
+
+    def __init__(self, device: torch.device):
+        from harness.engine.convert import to_uint8
+
+        self.device = device
+        self.convert = to_uint8
+
+    def copy_out(self, frames_u8: torch.Tensor, dst) -> None:
+        torch.from_numpy(dst).copy_(frames_u8)
+
+
+def _serve(spec: WorkerSpec, conn, ring) -> None:
+    from harness.candidates import apply_candidates
+    from harness.engine.vae_engine import VaeEngine
+
+    group = init_groups(spec)
+    device = torch.device(spec.device)
+    cfg = spec.cfg
+    engine = VaeEngine(cfg, group=group, device=device, seed=cfg.runtime.seed)
+    out = OutputPath(device)
+    applied = apply_candidates(spec.candidates, vae=engine, output=out)
+    lead = spec.rank == 0
+    timer = GpuTimer(device)
+    M.send(conn, M.Ready(role="vae", rank=spec.rank, device=str(device), device_name=device_name(device),
+                         info={"candidates": ",".join(applied)}))
+    sessions: dict[int, object] = {}
+    while True:
+        msg = M.recv(conn)
+        if isinstance(msg, M.DecodeChunk):
+            maybe_fault(spec, msg.chunk)
+            latent = torch.from_numpy(msg.latent.array().copy()).to(device)
+            t_start = now()
+            timer.start("decode")
+            frames = engine.decode_chunk(sessions[msg.session], latent)
+            timer.stop("decode")
+            if not lead:
+                continue
+            synchronize(device)
+            t_dec = now()
+            timer.start("convert")
+            u8 = out.convert(frames)
+            timer.stop("convert")
+            synchronize(device)
+            t_gpu = now()
+            t, h, w, _ = u8.shape
+            slot, blocked = ring.acquire()
+            timer.start("d2h")
+            out.copy_out(u8, ring.view(slot, (t, h, w, 3)))
+            timer.stop("d2h")
+            synchronize(device)
+            t_cpu = now()
+            M.send(conn, M.FramesReady(
+                session=msg.session, epoch=msg.epoch, chunk=msg.chunk, slot=slot, frames=t, height=h, width=w,
+                decode_start=t_start, decode_end=t_dec, gpu_ready=t_gpu, cpu_ready=t_cpu,
+                gpu_ms=timer.collect(), blocked_ns={"ring": blocked} if blocked else {},
+            ))
+        elif isinstance(msg, M.StartSession):
+            sessions[msg.session] = engine.start_session()
+        elif isinstance(msg, M.EndSession):
+            s = sessions.pop(msg.session, None)
+            if s is not None:
+                engine.end_session(s)
+            if lead:
+                M.send(conn, M.SessionEnded(role="vae", session=msg.session,
+                                            stats={"ring_free": ring.free_count() if ring else 0}))
+        elif isinstance(msg, M.Ping):
+            M.send(conn, M.Pong(sent_ns=msg.sent_ns, recv_ns=now()))
+        elif isinstance(msg, M.Shutdown):
+            return
