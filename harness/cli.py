@@ -83,22 +83,24 @@ def print_headline(run_dir: Path, summary: dict) -> None:
 
 def headline(summary: dict) -> list[str]:
     out = []
-    b = summary.get("boundaries", {})
+    bounds = summary.get("boundaries", {})
     for name in ("cpu_ready", "encoded", "delivered"):
-        s = b.get(name)
-        if not s:
+        b = bounds.get(name)
+        if not b or not b["intervals"]["n"]:
+            out.append(f"  {name:<10} no steady samples")
             continue
-        fps = s.get("fps")
-        p50, p99 = s.get("interval_p50_ms"), s.get("interval_p99_ms")
-        flag = " (P99 = max, <100 samples)" if s.get("p99_is_max") else ""
-        out.append(f"  {name:<10} steady FPS {fps:.2f}  interval P50 {p50:.1f} ms  P99 {p99:.1f} ms{flag}"
-                   if None not in (fps, p50, p99) else f"  {name:<10} no steady samples")
-    ttfc = summary.get("ttfc_ms", {}).get("delivered")
-    if ttfc is not None:
-        out.append(f"  TTFC (delivered) {ttfc:.1f} ms")
-    h = summary.get("handoff_ms_p50")
-    if h is not None:
-        out.append(f"  handoff cpu_ready→dit_start P50 {h:.2f} ms")
+        iv = b["intervals"]
+        flag = " (P99 = max: <100 samples)" if iv["p99_is_max"] else ""
+        out.append(f"  {name:<10} steady FPS {b['fps_steady']:.2f}  interval P50 {iv['p50_ms']:.1f} ms  "
+                   f"P99 {iv['p99_ms']:.1f} ms{flag}  (n={iv['n']})")
+    ttfc = summary.get("ttfc", {}).get("delivered", {})
+    if ttfc.get("p50_ms") is not None:
+        out.append(f"  TTFC at delivered: P50 {ttfc['p50_ms']:.1f} ms")
+    h = summary.get("handoff", {})
+    if h.get("p50_ms") is not None:
+        out.append(f"  handoff cpu_ready(i-1) -> dit_start(i): P50 {h['p50_ms']:.2f} ms")
+    if not summary.get("valid", True):
+        out.append(f"  summary flags: {', '.join(summary.get('flags', []))}")
     return out
 
 

@@ -125,7 +125,8 @@ class RuntimeConfig(_Section):
     ring_slots: int = 4
     queue_depth: int = 2
     encoder: str = "pyav"
-    sink: str = "file"
+    encoder_threads: int = 4
+    sink: str = "file"  # file | null | throttled:FPS (a slow consumer reading FPS frames/s)
     save_epochs: tuple[int, ...] = (0, 1)
     rank_timeout_s: float = 600.0
 

@@ -66,7 +66,7 @@ class Driver:
         save = epoch in cfg.runtime.save_epochs
         timeout = cfg.runtime.rank_timeout_s
 
-        start = SessionStart(session=session, epoch=epoch, start=now())
+        start = SessionStart(session=session, epoch=epoch, start_ns=now())
         start_msg = M.StartSession(session=session, epoch=epoch, seed=seed, prompt=f"session {session}", image_seed=seed)
         L.send(L.lead("encoder"), M.OpenSession(session=session, epoch=epoch))
         L.fanout("dit", start_msg)

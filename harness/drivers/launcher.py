@@ -106,11 +106,14 @@ class LocalLauncher:
             child.close()
             self.procs.append(Proc(role, rank, p, parent))
         deadline = time.monotonic() + cfg.runtime.rank_timeout_s
-        for proc in self.procs:
-            msg = self.recv(proc, deadline - time.monotonic())
-            if not isinstance(msg, M.Ready):
-                raise RankFailed(f"{proc.name} sent {type(msg).__name__} instead of Ready")
-            proc.ready = msg
+        while any(p.ready is None for p in self.procs):
+            if time.monotonic() > deadline:
+                late = ", ".join(p.name for p in self.procs if p.ready is None)
+                raise RankFailed(f"{late} did not start within {cfg.runtime.rank_timeout_s:.0f} s")
+            for proc, msg in self.poll(1.0):
+                if not isinstance(msg, M.Ready):
+                    raise RankFailed(f"{proc.name} sent {type(msg).__name__} instead of Ready")
+                proc.ready = msg
 
     # ---- addressing ----------------------------------------------------------------------
     def group(self, role: str) -> list[Proc]:

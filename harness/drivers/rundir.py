@@ -72,7 +72,7 @@ def versions() -> dict:
 
     v = {
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "cuda": torch.version.cuda,
         "numpy": numpy.__version__,
         "msgspec": msgspec.__version__,

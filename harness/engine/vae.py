@@ -73,11 +73,11 @@ class CausalCache:
 
     def __init__(self, slots: int):
         self.slots: list[torch.Tensor | None] = [None] * slots
-        self.frames_in = 0  # input frames consumed so far
+        self.steps = 0  # coder forwards run so far
 
     @property
     def first(self) -> bool:
-        return self.frames_in == 0
+        return self.steps == 0
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.slots if t is not None)
@@ -279,7 +279,7 @@ class Decoder(nn.Module):
         for block in self.up_blocks:
             x = block(x, cache, width)
         x = self.conv_out(F.silu(self.norm_out(x)), cache, width)
-        cache.frames_in += 1  # marks the session as started; only ``first`` reads it
+        cache.steps += 1
         return x
 
 
@@ -309,7 +309,7 @@ class Encoder(nn.Module):
             x = layer(x, cache, width)
         x = self.mid_block(x, cache, width)
         x = self.conv_out(F.silu(self.norm_out(x)), cache, width)
-        cache.frames_in += 1
+        cache.steps += 1
         return x
 
 
@@ -374,7 +374,8 @@ def init_random_(model: nn.Module, seed: int) -> nn.Module:
     """
     with torch.no_grad():
         for name, p in model.named_parameters():
-            g = torch.Generator().manual_seed((seed << 32) ^ zlib.crc32(name.encode()))
+            # CPU generators keep only 32 bits of a seed, so fold seed and name into one crc
+            g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
             r = torch.randn(p.shape, generator=g, dtype=torch.float32)
             if name.endswith("gamma"):
                 v = 1.0 + 0.1 * r
@@ -416,6 +417,8 @@ def load_weights(model: nn.Module, path: str | Path) -> nn.Module:
     from safetensors import safe_open
 
     path = Path(path)
+    if not path.exists():
+        raise HarnessError(f"no VAE weights at {path}")
     if path.is_dir():
         path = find_weights(path)
     own = model.state_dict()
@@ -452,13 +455,19 @@ def build_vae(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
 ) -> WanVAE:
-    """Build on CPU in fp32, fill (random from ``seed`` or from ``weights``), then move."""
+    """Build on CPU in fp32, fill (random from ``seed`` or from ``weights``), then move.
+
+    On the meta device nothing is filled: that model exists to count shapes and FLOPs.
+    """
+    if torch.device(device).type == "meta":
+        with torch.device("meta"):
+            model = WanVAE(cfg, encoder=encoder, decoder=decoder)
+        return model.to(dtype=dtype).eval().requires_grad_(False)
     model = WanVAE(cfg, encoder=encoder, decoder=decoder)
     if weights is None:
         init_random_(model, seed)
     else:
         load_weights(model, weights)
-    model.latents_mean = model.latents_mean.float()
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 

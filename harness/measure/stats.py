@@ -162,7 +162,7 @@ def _interval(reps: np.ndarray, confidence: float) -> tuple[float, float]:
     return float(s[nearest_rank_index(s.size, tail)]), float(s[nearest_rank_index(s.size, 100 - tail)])
 
 
-def _method(block_length: int | None) -> str:
+def bootstrap_method(block_length: int | None) -> str:
     return "session" if block_length is None or block_length <= 1 else f"circular-block:{block_length}"
 
 
@@ -185,7 +185,7 @@ def bootstrap_sessions(
     rng = np.random.default_rng(seed)
     reps = statistic(_replicates(table, session_indices(len(table), n_boot, rng, block_length)))
     low, high = _interval(reps, confidence)
-    return Estimate(point, low, high, confidence, n_boot, seed, len(table), int(counts.sum()), _method(block_length))
+    return Estimate(point, low, high, confidence, n_boot, seed, len(table), int(counts.sum()), bootstrap_method(block_length))
 
 
 def bootstrap_percentile(sessions: Sequence[Sequence[float] | np.ndarray], p: float, **kw) -> Estimate:
@@ -215,7 +215,7 @@ def ratio_of_medians(
     low, high = _interval(rc / rb, confidence)
     return Estimate(
         point, low, high, confidence, n_boot, seed,
-        len(tb) + len(tc), int(cb.sum() + cc.sum()), _method(block_length),
+        len(tb) + len(tc), int(cb.sum() + cc.sum()), bootstrap_method(block_length),
     )
 
 

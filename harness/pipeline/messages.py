@@ -13,6 +13,8 @@ from typing import Union
 import msgspec
 import numpy as np
 
+from harness.pipeline.ring import SlotRef
+
 
 class _Msg(msgspec.Struct, tag=True, frozen=True, kw_only=True):
     pass
@@ -87,15 +89,13 @@ class LatentReady(_Msg):
 
 
 class FramesReady(_Msg):
-    """VAE rank 0 wrote the chunk's uint8 frames (T,H,W,3) into ring slot ``slot``."""
+    """VAE rank 0 published the chunk's uint8 frames (T,H,W,3) in the ring slot ``ref``."""
 
     session: int
     epoch: int
     chunk: int
-    slot: int
+    ref: SlotRef
     frames: int
-    height: int
-    width: int
     decode_start: int
     decode_end: int
     gpu_ready: int
@@ -140,10 +140,9 @@ class CloseSession(_Msg):
 class ChunkDelivered(_Msg):
     session: int
     chunk: int
-    slot: int
     received: int
     encoded: int
-    delivered: int
+    delivered: int | None  # None when the backend commits a chunk only with the next one (ffmpeg)
     bytes: int
     pixel_sha256: str
     frame_sha256: list[str]

@@ -45,10 +45,23 @@ class _Open:
         self.encoder, self.sink, self.path = encoder, sink, path
 
 
+def open_sink(spec: str, media_dir: Path, session: int):
+    """``file`` | ``null`` | ``throttled:FPS`` (a file sink that accepts at most FPS frames/s)."""
+    from harness.pipeline.sinks import make_sink
+
+    name, _, arg = spec.partition(":")
+    if name == "file":
+        return make_sink("file", directory=media_dir, session=session)
+    if name == "null":
+        return make_sink("null")
+    if name == "throttled":
+        return make_sink("throttled", inner=make_sink("file", directory=media_dir, session=session), frames_per_s=float(arg))
+    return make_sink(name)  # unknown names get the registry's one-line error
+
+
 def _serve(spec: WorkerSpec, conn, ring) -> None:
     from harness.measure.gates import save_pixels
     from harness.pipeline.encoder import make_encoder
-    from harness.pipeline.sinks import make_sink
 
     cfg = spec.cfg
     run_dir = Path(spec.run_dir)
@@ -59,42 +72,42 @@ def _serve(spec: WorkerSpec, conn, ring) -> None:
         if isinstance(msg, M.EncodeChunk):
             fr = msg.frames
             received = now()
-            view = ring.view(fr.slot, (fr.frames, fr.height, fr.width, 3))
-            frame_sha = [hashlib.sha256(view[i].tobytes()).hexdigest() for i in range(fr.frames)]
-            chunk_sha = hashlib.sha256(view.tobytes()).hexdigest()
-            if msg.save_pixels:
-                save_pixels(run_dir, fr.epoch, fr.chunk, view)
-            o = open_[fr.session]
-            before = o.sink.bytes_accepted
-            o.encoder.encode(view)
-            encoded = now()
-            ring.release(fr.slot)
-            delivered = o.sink.flush()
+            view = ring.claim(fr.ref)
+            try:
+                frame_sha = [hashlib.sha256(view[i].tobytes()).hexdigest() for i in range(fr.frames)]
+                chunk_sha = hashlib.sha256(view.tobytes()).hexdigest()
+                if msg.save_pixels:
+                    save_pixels(run_dir, fr.epoch, fr.chunk, view)
+                o = open_[fr.session]
+                before = o.sink.bytes_accepted
+                res = o.encoder.encode(view, chunk=fr.chunk)
+            finally:
+                ring.release(fr.ref)
             M.send(conn, M.ChunkDelivered(
-                session=fr.session, chunk=fr.chunk, slot=fr.slot, received=received, encoded=encoded,
-                delivered=delivered, bytes=o.sink.bytes_accepted - before, pixel_sha256=chunk_sha,
+                session=fr.session, chunk=fr.chunk, received=received, encoded=res.encoded_ns,
+                delivered=res.delivered_ns, bytes=o.sink.bytes_accepted - before, pixel_sha256=chunk_sha,
                 frame_sha256=frame_sha, blocked_ns={"sink": o.sink.take_blocked_ns()},
             ))
         elif isinstance(msg, M.OpenSession):
-            path = run_dir / "media" / f"session{msg.session}.mkv" if cfg.runtime.sink == "file" else None
-            sink = make_sink(cfg.runtime.sink, path=path)
-            enc = make_encoder(cfg.runtime.encoder, width=cfg.video.width, height=cfg.video.height, fps=cfg.video.fps)
+            sink = open_sink(cfg.runtime.sink, run_dir / "media", msg.session)
+            enc = make_encoder(cfg.runtime.encoder, width=cfg.video.width, height=cfg.video.height, fps=cfg.video.fps,
+                               threads=cfg.runtime.encoder_threads)
             enc.open(sink)
-            open_[msg.session] = _Open(enc, sink, path)
+            open_[msg.session] = _Open(enc, sink, getattr(sink, "path", None))
         elif isinstance(msg, M.CloseSession):
             o = open_.pop(msg.session, None)
             if o is None:
                 continue
-            o.encoder.close()
-            o.sink.close()
-            discarded = False
-            if msg.discard and o.path is not None and o.path.exists():
-                o.path.unlink()
-                discarded = True
-            M.send(conn, M.MediaClosed(session=msg.session, path=str(o.path or ""), bytes=o.sink.bytes_accepted,
-                                       discarded=discarded))
-        elif isinstance(msg, M.Shutdown):
-            for o in open_.values():
+            if msg.discard:
+                o.encoder.abort()
+                o.sink.abort()
+            else:
                 o.encoder.close()
                 o.sink.close()
+            M.send(conn, M.MediaClosed(session=msg.session, path=str(o.path or ""), bytes=o.sink.bytes_accepted,
+                                       discarded=msg.discard))
+        elif isinstance(msg, M.Shutdown):
+            for o in open_.values():
+                o.encoder.abort()
+                o.sink.abort()
             return

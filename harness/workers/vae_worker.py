@@ -94,15 +94,18 @@ def _serve(spec: WorkerSpec, conn, ring) -> None:
             timer.stop("convert")
             synchronize(device)
             t_gpu = now()
-            t, h, w, _ = u8.shape
-            slot, blocked = ring.acquire()
+            shape = tuple(u8.shape)
+            blocked0 = ring.blocked_ns
+            ref = ring.acquire(msg.session, msg.chunk)
+            blocked = ring.blocked_ns - blocked0
             timer.start("d2h")
-            out.copy_out(u8, ring.view(slot, (t, h, w, 3)))
+            out.copy_out(u8, ring.buffer(ref, shape))
             timer.stop("d2h")
             synchronize(device)
+            ref = ring.publish(ref, shape)
             t_cpu = now()
             M.send(conn, M.FramesReady(
-                session=msg.session, epoch=msg.epoch, chunk=msg.chunk, slot=slot, frames=t, height=h, width=w,
+                session=msg.session, epoch=msg.epoch, chunk=msg.chunk, ref=ref, frames=shape[0],
                 decode_start=t_start, decode_end=t_dec, gpu_ready=t_gpu, cpu_ready=t_cpu,
                 gpu_ms=timer.collect(), blocked_ns={"ring": blocked} if blocked else {},
             ))

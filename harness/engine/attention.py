@@ -1,0 +1,126 @@
+"""Attention backends behind two small registries, so a candidate can switch them by name.
+
+* dense kernels (``DENSE``): q, k, v of shape (B, H, S, D) → (B, H, Sq, D). "sdpa" lets PyTorch
+  pick; "flash", "cudnn", "efficient", "math" pin ``scaled_dot_product_attention`` to one backend
+  (also spelled "sdpa-flash" etc.). A candidate may ``register_dense`` FlexAttention or an
+  external flash-attn under a new name.
+* KV paths (``KV_PATHS``): self-attention of the chunk's queries over a session's paged cache.
+  "gather" copies the visible blocks (through the block table) into one contiguous K/V and runs a
+  dense kernel; "paged" walks the block table in groups of blocks and merges the partial results
+  with their log-sum-exp, so no more than one group of K/V is ever materialised (a Triton kernel
+  that reads the pool in place can replace it under the same name).
+
+Token-major tensors (S, H, D) are what the model and the cache hold; the dense kernels get
+(1, H, S, D) *views* of them (the BSHD memory layout flash/cuDNN read natively), never copies.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from harness.errors import HarnessError
+
+DenseFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def _sdpa(backend: SDPBackend | None) -> DenseFn:
+    if backend is None:
+        return F.scaled_dot_product_attention
+
+    def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    return attend
+
+
+DENSE: dict[str, DenseFn] = {"sdpa": _sdpa(None)}
+for _name, _backend in [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
+                        ("efficient", SDPBackend.EFFICIENT_ATTENTION), ("math", SDPBackend.MATH)]:
+    DENSE[_name] = DENSE[f"sdpa-{_name}"] = _sdpa(_backend)
+
+
+def register_dense(name: str, fn: DenseFn) -> None:
+    DENSE[name] = fn
+
+
+def dense(name: str) -> DenseFn:
+    try:
+        return DENSE[name]
+    except KeyError:
+        raise HarnessError(f"unknown attention backend {name!r} (known: {', '.join(sorted(DENSE))})") from None
+
+
+def _bhsd(x: Tensor) -> Tensor:
+    return x.transpose(0, 1).unsqueeze(0)
+
+
+def _shd(x: Tensor) -> Tensor:
+    return x[0].transpose(0, 1)
+
+
+# ---- self-attention over the paged cache ---------------------------------------------------------
+def gather_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_ids: Tensor, *, attend: DenseFn,
+                     group_blocks: int) -> Tensor:
+    """q (Sq, H, D); pools (num_blocks, block_size, H, D); block_ids (n,) → (Sq, H, D)."""
+    k = k_pool.index_select(0, block_ids).flatten(0, 1)
+    v = v_pool.index_select(0, block_ids).flatten(0, 1)
+    return _shd(attend(_bhsd(q), _bhsd(k), _bhsd(v)))
+
+
+def _partial(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Attention of q over one group of K/V and the log-sum-exp of its scores (1, H, Sq)."""
+    if q.device.type == "cuda":
+        o, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)
+        return o, lse[..., : q.shape[-2]]
+    if q.device.type == "cpu":
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+    lse = s.logsumexp(-1)
+    return torch.matmul(torch.exp(s - lse[..., None]), v.float()), lse
+
+
+def paged_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_ids: Tensor, *, attend: DenseFn,
+                    group_blocks: int) -> Tensor:
+    """Same contract as ``gather_attention``; the dense backend is not used (partials need the LSE)."""
+    qb = _bhsd(q)
+    out = lse = None
+    n = block_ids.shape[0]
+    for g in range(0, n, group_blocks):
+        ids = block_ids[g : g + group_blocks]
+        k = k_pool.index_select(0, ids).flatten(0, 1)
+        v = v_pool.index_select(0, ids).flatten(0, 1)
+        o_g, lse_g = _partial(qb, _bhsd(k), _bhsd(v))
+        o_g, lse_g = o_g.float(), lse_g.float()
+        if out is None:
+            out, lse = o_g, lse_g
+            continue
+        new = torch.logaddexp(lse, lse_g)
+        out = out * torch.exp(lse - new)[..., None] + o_g * torch.exp(lse_g - new)[..., None]
+        lse = new
+    return _shd(out.to(q.dtype))
+
+
+KvPathFn = Callable[..., Tensor]
+KV_PATHS: dict[str, KvPathFn] = {"gather": gather_attention, "paged": paged_attention}
+
+
+def register_kv_path(name: str, fn: KvPathFn) -> None:
+    KV_PATHS[name] = fn
+
+
+def kv_path(name: str) -> KvPathFn:
+    try:
+        return KV_PATHS[name]
+    except KeyError:
+        raise HarnessError(f"unknown KV path {name!r} (known: {', '.join(sorted(KV_PATHS))})") from None
+
+
+def cross_attention(q: Tensor, k: Tensor, v: Tensor, *, attend: DenseFn) -> Tensor:
+    """q (Sq, H, D) over cached text K/V already in (1, H, L, D) layout → (Sq, H, D)."""
+    return _shd(attend(_bhsd(q), k, v))

@@ -1,0 +1,379 @@
+"""The LingBot-World DiT (Wan2.1-14B-like, camera-controlled, causal over chunks) in one file.
+
+Module and parameter names are the checkpoint's (DESIGN §2), so real weights load with
+``load_state_dict``. What differs from the offline Wan model is only how a forward is fed:
+
+* one call denoises (or commits) one chunk of F latent frames; self-attention sees the session's
+  paged KV cache (sink + recent frames + this chunk), whose K is stored RoPE-rotated at absolute
+  latent-frame positions;
+* under Ulysses SP each rank holds a contiguous slice of the chunk's tokens, and attention runs on
+  all tokens of the rank's heads between two all-to-alls;
+* modulation comes from one timestep per latent frame and is broadcast over that frame's tokens;
+* the text K/V of cross-attention are computed once per session (``text_kv``) and head-sliced.
+
+Numerics: parameters and activations are in the runtime dtype (bf16 on GPU, fp32 for the tiny CPU
+preset); norms reduce in fp32 inside their kernels, RoPE rotates in fp32, and the velocity leaves
+the model in fp32 for the scheduler.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from harness.config import ModelConfig
+from harness.engine.attention import DenseFn, KvPathFn, cross_attention, dense, kv_path
+from harness.engine.groups import RankGroup
+from harness.engine.kvcache import PagedKVCache, SessionKV
+from harness.engine.ulysses import gather_tokens, heads_to_seq, seq_to_heads
+from harness.errors import HarnessError
+from harness.hooks import context as hctx
+
+ROPE_THETA = 10000.0
+ROPE_MAX_FRAMES = 1024  # latent frames per session that have a RoPE position (Wan's table size)
+
+#: Parameters of the full-size model (both lingbot presets share it): 40 blocks × 456,272,384
+#: (12·dim² attention + camera GEMMs, 2·dim·ffn FFN, biases, norms, modulation) + 293,099,520 in the
+#: embeddings (time_projection alone is 6·dim²) + 337,984 in the head. Checked by the tests.
+FULL_SIZE_PARAMETERS = 18_544_332_864
+
+
+# ---- token layout, RoPE, timestep embedding ------------------------------------------------------
+class TokenLayout:
+    """Which tokens of a chunk (frame-major, then h, w) this rank holds, and how they split by frame.
+
+    Modulation is one vector per latent frame; a rank's contiguous token slice may start or end
+    mid-frame (e.g. 1170 of 1560 tokens at SP4, 480×832), so broadcasting goes per frame segment,
+    or as one reshaped op when the slice is made of whole frames.
+    """
+
+    def __init__(self, frames: int, tokens_per_frame: int, start: int, end: int):
+        self.frames, self.tpf, self.start, self.end = frames, tokens_per_frame, start, end
+        self.n = end - start
+        self.aligned = start % tokens_per_frame == 0 and self.n % tokens_per_frame == 0
+        segs, a = [], start
+        while a < end:
+            f = a // tokens_per_frame
+            b = min(end, (f + 1) * tokens_per_frame)
+            segs.append((f, a - start, b - start))
+            a = b
+        self.segments = tuple(segs)
+
+    def modulate(self, x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+        """x·(1 + scale[f]) + shift[f] for each token's frame f; shift/scale (frames, dim)."""
+        if self.aligned:
+            f0, k = self.start // self.tpf, self.n // self.tpf
+            out = torch.addcmul(shift[f0 : f0 + k, None], x.view(k, self.tpf, -1), 1 + scale[f0 : f0 + k, None])
+            return out.view(self.n, -1)
+        out = torch.empty_like(x)
+        for f, a, b in self.segments:
+            torch.addcmul(shift[f], x[a:b], 1 + scale[f], out=out[a:b])
+        return out
+
+    def gated_add_(self, x: Tensor, y: Tensor, gate: Tensor) -> Tensor:
+        """x += y·gate[f] in place."""
+        if self.aligned:
+            f0, k = self.start // self.tpf, self.n // self.tpf
+            x.view(k, self.tpf, -1).addcmul_(y.view(k, self.tpf, -1), gate[f0 : f0 + k, None])
+            return x
+        for f, a, b in self.segments:
+            x[a:b].addcmul_(y[a:b], gate[f])
+        return x
+
+
+def rope_dims(head_dim: int) -> tuple[int, int, int]:
+    """Channels of each head given to the (frame, h, w) axes: Wan's d − 4⌊d/6⌋, 2⌊d/6⌋, 2⌊d/6⌋."""
+    d = head_dim // 6
+    return head_dim - 4 * d, 2 * d, 2 * d
+
+
+class RopeTables:
+    """cos/sin of the 3-D RoPE angles for this rank's tokens, precomputed on the device.
+
+    Tables are built in float64 on the host once (positions up to 1024 would lose ~1e-4 rad in
+    fp32 angle arithmetic) and stored as fp32 cos/sin; a chunk only slices the frame table at its
+    absolute first frame and gathers rows, so no host value crosses to the device per step.
+    """
+
+    def __init__(self, head_dim: int, grid: tuple[int, int, int], layout: TokenLayout, device: torch.device,
+                 max_frames: int = ROPE_MAX_FRAMES):
+        df, dh, dw = rope_dims(head_dim)
+        frames, h, w = grid
+        self.frames, self.max_frames = frames, max_frames
+
+        def table(n: int, d: int) -> tuple[Tensor, Tensor]:
+            inv = ROPE_THETA ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+            ang = torch.outer(torch.arange(n, dtype=torch.float64), inv)
+            return ang.cos().float(), ang.sin().float()
+
+        tok = torch.arange(layout.start, layout.end)
+        fi, hi, wi = tok // (h * w), tok // w % h, tok % w
+        cf, sf = table(max_frames, df)
+        ch, sh = table(h, dh)
+        cw, sw = table(w, dw)
+        self.cos_f, self.sin_f = cf.to(device), sf.to(device)
+        self.fi = fi.to(device)
+        self.cos_hw = torch.cat([ch[hi], cw[wi]], dim=-1).to(device)
+        self.sin_hw = torch.cat([sh[hi], sw[wi]], dim=-1).to(device)
+
+    def for_chunk(self, first_frame: int) -> tuple[Tensor, Tensor]:
+        """(cos, sin), each (n_local, 1, head_dim/2), at absolute frames first_frame + 0..F−1."""
+        last = first_frame + self.frames
+        if last > self.max_frames:
+            raise HarnessError(f"session exceeds {self.max_frames} latent frames (RoPE table); start a new session")
+        cos = torch.cat([self.cos_f[first_frame:last].index_select(0, self.fi), self.cos_hw], dim=-1)
+        sin = torch.cat([self.sin_f[first_frame:last].index_select(0, self.fi), self.sin_hw], dim=-1)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate consecutive channel pairs (Wan's complex layout) of x (n, H, D) in fp32."""
+    n, h, d = x.shape
+    xf = x.float().view(n, h, d // 2, 2)
+    x0, x1 = xf[..., 0], xf[..., 1]
+    return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(2).to(x.dtype)
+
+
+def sinusoidal(timesteps: list[float] | Tensor, dim: int) -> Tensor:
+    """Wan's timestep embedding: [cos, sin] of t·10000^(−i/half), computed in float64, returned fp32."""
+    t = torch.as_tensor(timesteps, dtype=torch.float64)
+    half = dim // 2
+    ang = torch.outer(t, torch.pow(10000.0, -torch.arange(half, dtype=torch.float64) / half))
+    return torch.cat([ang.cos(), ang.sin()], dim=1).float()
+
+
+# ---- per-chunk state the blocks read -------------------------------------------------------------
+@dataclass
+class ForwardContext:
+    group: RankGroup
+    layout: TokenLayout
+    grid: tuple[int, int, int]  # (frames, h, w) in patches
+    cos: Tensor
+    sin: Tensor
+    cache: PagedKVCache
+    kv: SessionKV
+    text_kv: list[tuple[Tensor, Tensor]]  # per layer, (1, H/sp, L, D) views
+    group_blocks: int  # blocks per step of the paged KV path
+    kv_fn: KvPathFn | None = None  # resolved from the model's switches at each forward
+    attend: DenseFn | None = None
+
+
+# ---- modules -------------------------------------------------------------------------------------
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+
+
+class SelfAttention(nn.Module):
+    """q/k/v keep their checkpoint names, but after ``fuse_qkv_`` they are views into one
+    (3·dim, dim) weight, so the forward is a single GEMM and no memory is duplicated."""
+
+    def __init__(self, dim: int, heads: int, eps: float, dtype: torch.dtype):
+        super().__init__()
+        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        self.q = nn.Linear(dim, dim, dtype=dtype)
+        self.k = nn.Linear(dim, dim, dtype=dtype)
+        self.v = nn.Linear(dim, dim, dtype=dtype)
+        self.o = nn.Linear(dim, dim, dtype=dtype)
+        self.norm_q = RMSNorm(dim, eps, dtype)
+        self.norm_k = RMSNorm(dim, eps, dtype)
+        self._qkv_w: Tensor | None = None  # deliberately unregistered: module moves must not split it
+        self._qkv_b: Tensor | None = None
+
+    def fuse_qkv_(self) -> None:
+        """(Re)bind q, k, v parameters as views of one fused weight; needed after any device/dtype move."""
+        w = torch.cat([self.q.weight, self.k.weight, self.v.weight]).detach()
+        b = torch.cat([self.q.bias, self.k.bias, self.v.bias]).detach()
+        for i, lin in enumerate((self.q, self.k, self.v)):
+            lin.weight = nn.Parameter(w[i * self.dim : (i + 1) * self.dim], requires_grad=False)
+            lin.bias = nn.Parameter(b[i * self.dim : (i + 1) * self.dim], requires_grad=False)
+        self._qkv_w, self._qkv_b = w, b
+
+    def forward(self, x: Tensor, layer: int, ctx: ForwardContext) -> Tensor:
+        w = self._qkv_w
+        if w is None or w.device != self.q.weight.device or w.dtype != self.q.weight.dtype:
+            raise HarnessError("fused QKV is stale: call model.fuse_qkv_() after moving or casting the model")
+        n, h, d = x.shape[0], self.heads, self.head_dim
+        q, k, v = F.linear(x, w, self._qkv_b).split(self.dim, dim=-1)
+        q = apply_rope(self.norm_q(q).view(n, h, d), ctx.cos, ctx.sin)
+        k = apply_rope(self.norm_k(k).view(n, h, d), ctx.cos, ctx.sin)
+        v = v.view(n, h, d)
+        if ctx.group.active:
+            q, k, v = seq_to_heads(torch.stack([q, k, v], dim=1), ctx.group).unbind(1)
+        ctx.cache.write(layer, ctx.kv, k, v)
+        with hctx.phase(role="self_attention"):
+            o = ctx.kv_fn(q, ctx.cache.k[layer], ctx.cache.v[layer], ctx.kv.visible_ids,
+                          attend=ctx.attend, group_blocks=ctx.group_blocks)
+        return self.o(heads_to_seq(o, ctx.group).reshape(n, self.dim))
+
+
+class CrossAttention(nn.Module):
+    def __init__(self, dim: int, heads: int, eps: float, dtype: torch.dtype):
+        super().__init__()
+        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
+        self.q = nn.Linear(dim, dim, dtype=dtype)
+        self.k = nn.Linear(dim, dim, dtype=dtype)
+        self.v = nn.Linear(dim, dim, dtype=dtype)
+        self.o = nn.Linear(dim, dim, dtype=dtype)
+        self.norm_q = RMSNorm(dim, eps, dtype)
+        self.norm_k = RMSNorm(dim, eps, dtype)
+
+    def text_kv(self, context: Tensor, heads: tuple[int, int]) -> tuple[Tensor, Tensor]:
+        """K/V of the embedded text (L, dim) for heads [h0, h1): (1, h1−h0, L, D) views, once per session.
+        norm_k spans all heads, so K is normalised before slicing."""
+        n, h, d = context.shape[0], self.heads, self.head_dim
+        k = self.norm_k(self.k(context)).view(n, h, d)[:, heads[0] : heads[1]].contiguous()
+        v = self.v(context).view(n, h, d)[:, heads[0] : heads[1]].contiguous()
+        return k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+
+    def forward(self, x: Tensor, layer: int, ctx: ForwardContext) -> Tensor:
+        n = x.shape[0]
+        q = self.norm_q(self.q(x)).view(n, self.heads, self.head_dim)
+        if ctx.group.active:
+            q = seq_to_heads(q.unsqueeze(1), ctx.group)[:, 0]
+        k, v = ctx.text_kv[layer]
+        with hctx.phase(role="cross_attention"):
+            o = cross_attention(q, k, v, attend=ctx.attend)
+        return self.o(heads_to_seq(o, ctx.group).reshape(n, self.dim))
+
+
+class Block(nn.Module):
+    def __init__(self, m: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        dim, self.eps = m.dim, m.eps
+        self.self_attn = SelfAttention(dim, m.num_heads, m.eps, dtype)
+        self.norm3 = nn.LayerNorm(dim, eps=m.eps, elementwise_affine=True, dtype=dtype)
+        self.cross_attn = CrossAttention(dim, m.num_heads, m.eps, dtype)
+        self.ffn = nn.Sequential(nn.Linear(dim, m.ffn_dim, dtype=dtype), nn.GELU(approximate="tanh"),
+                                 nn.Linear(m.ffn_dim, dim, dtype=dtype))
+        self.modulation = nn.Parameter(torch.zeros(1, 6, dim, dtype=dtype))
+        self.cam_injector_layer1 = nn.Linear(dim, dim, dtype=dtype)
+        self.cam_injector_layer2 = nn.Linear(dim, dim, dtype=dtype)
+        self.cam_scale_layer = nn.Linear(dim, dim, dtype=dtype)
+        self.cam_shift_layer = nn.Linear(dim, dim, dtype=dtype)
+
+    def _norm(self, x: Tensor) -> Tensor:  # norm1/norm2: LayerNorm without affine
+        return F.layer_norm(x, (x.shape[-1],), eps=self.eps)
+
+    def camera(self, c: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-token (scale, shift) from the camera state. The input is the same in all 5 forwards
+        of a chunk, which is what the camera_chunk_cache candidate exploits by wrapping this."""
+        h = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(c))) + c
+        return self.cam_scale_layer(h), self.cam_shift_layer(h)
+
+    def forward(self, x: Tensor, e0: Tensor, c: Tensor, layer: int, ctx: ForwardContext) -> Tensor:
+        lay = ctx.layout
+        shift_msa, scale_msa, gate_msa, shift_ffn, scale_ffn, gate_ffn = (self.modulation + e0).unbind(1)
+        y = self.self_attn(lay.modulate(self._norm(x), shift_msa, scale_msa), layer, ctx)
+        x = lay.gated_add_(x, y, gate_msa)
+        cam_scale, cam_shift = self.camera(c)
+        x = torch.addcmul(cam_shift, x, 1 + cam_scale)
+        x = x + self.cross_attn(self.norm3(x), layer, ctx)
+        y = self.ffn(lay.modulate(self._norm(x), shift_ffn, scale_ffn))
+        return lay.gated_add_(x, y, gate_ffn)
+
+
+class Head(nn.Module):
+    def __init__(self, m: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.eps = m.eps
+        self.head = nn.Linear(m.dim, m.out_channels * math.prod(m.patch_size), dtype=dtype)
+        self.modulation = nn.Parameter(torch.zeros(1, 2, m.dim, dtype=dtype))
+
+    def forward(self, x: Tensor, e: Tensor, layout: TokenLayout) -> Tensor:
+        shift, scale = (self.modulation + e[:, None]).unbind(1)
+        return self.head(layout.modulate(F.layer_norm(x, (x.shape[-1],), eps=self.eps), shift, scale))
+
+
+class WanDiT(nn.Module):
+    def __init__(self, m: ModelConfig, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.cfg = m
+        dim, patch = m.dim, m.patch_size
+        self.patch_embedding = nn.Conv3d(m.in_channels, dim, kernel_size=patch, stride=patch, dtype=dtype)
+        self.patch_embedding_wancamctrl = nn.Linear(m.cam_channels * math.prod(patch), dim, dtype=dtype)
+        self.c2ws_hidden_states_layer1 = nn.Linear(dim, dim, dtype=dtype)
+        self.c2ws_hidden_states_layer2 = nn.Linear(dim, dim, dtype=dtype)
+        self.text_embedding = nn.Sequential(nn.Linear(m.text_dim, dim, dtype=dtype), nn.GELU(approximate="tanh"),
+                                            nn.Linear(dim, dim, dtype=dtype))
+        self.time_embedding = nn.Sequential(nn.Linear(m.freq_dim, dim, dtype=dtype), nn.SiLU(),
+                                            nn.Linear(dim, dim, dtype=dtype))
+        self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim, dtype=dtype))
+        self.blocks = nn.ModuleList([Block(m, dtype) for _ in range(m.num_layers)])
+        self.head = Head(m, dtype)
+        # Runtime switches a candidate may flip between forwards (names in attention.KV_PATHS / DENSE).
+        self.kv_path = "gather"
+        self.attention = "sdpa"
+
+    def fuse_qkv_(self) -> "WanDiT":
+        for b in self.blocks:
+            b.self_attn.fuse_qkv_()
+        return self
+
+    # -- once per session / chunk --
+    def text_kv(self, text: Tensor, heads: tuple[int, int]) -> list[tuple[Tensor, Tensor]]:
+        context = self.text_embedding(text)
+        return [b.cross_attn.text_kv(context, heads) for b in self.blocks]
+
+    def camera_tokens(self, rays: Tensor, layout: TokenLayout) -> Tensor:
+        """(384, F, H, W) ray map → this rank's (n_local, 384·prod(patch)) patch vectors, ordered
+        (channel, pt, ph, pw) as the checkpoint's patch_embedding_wancamctrl expects."""
+        c, f, hh, ww = rays.shape
+        pt, ph, pw = self.cfg.patch_size
+        x = rays.view(c, f // pt, pt, hh // ph, ph, ww // pw, pw).permute(1, 3, 5, 0, 2, 4, 6)
+        return x.reshape(-1, c * pt * ph * pw)[layout.start : layout.end]
+
+    # -- one forward over a chunk --
+    def forward(self, x_in: Tensor, t_freq: Tensor, cam: Tensor, ctx: ForwardContext) -> Tensor:
+        """x_in (36, F, H, W) full chunk on every rank; t_freq (F, freq_dim) sinusoids per frame;
+        cam (n_local, 384·4). Returns the velocity (16, F, H, W) in fp32, identical on every rank."""
+        ctx.kv_fn, ctx.attend = kv_path(self.kv_path), dense(self.attention)
+        lay, dtype = ctx.layout, self.patch_embedding.weight.dtype
+        x = self.patch_embedding(x_in.to(dtype).unsqueeze(0)).flatten(2)[0]  # (dim, N)
+        x = x[:, lay.start : lay.end].t().contiguous()
+        e = self.time_embedding(t_freq.to(dtype))  # (F, dim)
+        e0 = self.time_projection(e).unflatten(1, (6, self.cfg.dim))
+        c = self.patch_embedding_wancamctrl(cam)
+        c = c + self.c2ws_hidden_states_layer2(F.silu(self.c2ws_hidden_states_layer1(c)))
+        if hctx.ACTIVE:  # per-layer phases only when a hook consumes them
+            for i, block in enumerate(self.blocks):
+                with hctx.phase(layer=i):
+                    x = block(x, e0, c, i, ctx)
+        else:
+            for i, block in enumerate(self.blocks):
+                x = block(x, e0, c, i, ctx)
+        out = gather_tokens(self.head(x, e, lay).float(), ctx.group)
+        return unpatchify(out, ctx.grid, self.cfg.patch_size, self.cfg.out_channels)
+
+
+def unpatchify(x: Tensor, grid: tuple[int, int, int], patch: tuple[int, int, int], channels: int) -> Tensor:
+    """(N, pt·ph·pw·C) in Wan's (pt, ph, pw, C) channel order → (C, F·pt, h·ph, w·pw)."""
+    f, h, w = grid
+    pt, ph, pw = patch
+    x = x.view(f, h, w, pt, ph, pw, channels).permute(6, 0, 3, 1, 4, 2, 5)
+    return x.reshape(channels, f * pt, h * ph, w * pw)
+
+
+def build_model(m: ModelConfig, *, device: torch.device, dtype: torch.dtype) -> WanDiT:
+    """Structure on ``device`` with uninitialised weights (none at all on the meta device);
+    fill with ``weights.init_weights`` or ``weights.load_weights``."""
+    with torch.device("meta"):
+        model = WanDiT(m, dtype)
+    if device.type != "meta":
+        model.to_empty(device=device)
+    model.requires_grad_(False).eval()
+    return model.fuse_qkv_()
+
+
+def parameter_count(model: nn.Module) -> int:
+    """Checkpoint parameters (the fused QKV buffer is storage behind q/k/v, not extra parameters)."""
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,223 @@
+"""The DiT session API the serving workers call: start a session, generate chunks, end it.
+
+A chunk is 5 forwards of the DiT on the chunk's latent frames: 4 DMD denoise steps
+(phases "denoise0".."denoise3") and the "commit" pass at t = 0 on the clean x0 that leaves the
+chunk's final K/V in the cache for later chunks. Every rank of the SP group calls the same methods
+in the same order; each holds the full (small) latent, draws the same noise from a generator
+seeded by (session seed, chunk, step), runs its token slice through the blocks and all-gathers the
+velocity, so the returned latent is identical on every rank.
+
+Inside a chunk nothing waits on the host: timestep embeddings and RoPE tables are precomputed on
+the device, and the only host → device traffic is once per chunk (the block table and the F×4×4
+camera poses, from pinned memory on GPU).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from harness.config import LATENT_CHANNELS, HarnessConfig
+from harness.engine import camera, schedule
+from harness.engine.attention import dense, kv_path
+from harness.engine.conditions import (SessionConditions, check_image_latent, derive_seed, image_condition,
+                                       model_input, session_text_embedding)
+from harness.engine.dit import ForwardContext, RopeTables, TokenLayout, WanDiT, build_model, sinusoidal
+from harness.engine.groups import RankGroup
+from harness.engine.kvcache import PagedKVCache, SessionKV
+from harness.engine.ulysses import head_range, token_range
+from harness.engine.weights import init_weights, load_weights
+from harness.errors import HarnessError
+from harness.hooks import context as hctx
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+#: hook(event, info): events "session_start", "chunk_start", "step_start", "step_end",
+#: "chunk_end", "session_end"; info carries session/chunk/phase/timestep/kv_tokens/q_tokens.
+Hook = Callable[[str, dict], None]
+
+
+@dataclass(eq=False)
+class DitSession:
+    sid: int
+    seed: int
+    kv: SessionKV
+    text_kv: list[tuple[Tensor, Tensor]]
+    image_latent: Tensor | None
+    chunk: int = 0
+    first_pose: np.ndarray | None = None  # world pose of the session's first latent frame
+    last_pose: np.ndarray = field(default_factory=lambda: np.eye(4))
+    kv_tokens: list[int] = field(default_factory=list)  # effective self-attention K length per chunk
+    closed: bool = False
+
+
+class DitEngine:
+    def __init__(self, cfg: HarnessConfig, *, group: RankGroup, device: torch.device, seed: int = 0,
+                 weights_dir: str | None = None):
+        m, v = cfg.model, cfg.video
+        if group.size != cfg.parallel.sp:
+            raise HarnessError(f"DiT group has {group.size} ranks but parallel.sp = {cfg.parallel.sp}")
+        if m.num_heads % group.size or cfg.tokens_per_chunk % group.size:
+            raise HarnessError(f"sp={group.size} must divide {m.num_heads} heads and {cfg.tokens_per_chunk} tokens per chunk")
+        if m.patch_size[0] != 1:
+            raise HarnessError(f"temporal patch size {m.patch_size[0]} is not supported (latent frames map 1:1 to token frames)")
+        self.cfg, self.group, self.device = cfg, group, torch.device(device)
+        self.dtype = _DTYPES[cfg.runtime.dtype]
+        self.frames = v.frames_per_chunk
+        self.latent_hw = (v.latent_h, v.latent_w)
+        self.grid = (self.frames, v.latent_h // m.patch_size[1], v.latent_w // m.patch_size[2])
+        self.meta = self.device.type == "meta"
+
+        self.model: WanDiT = build_model(m, device=self.device, dtype=self.dtype)
+        if not self.meta:
+            if weights_dir:
+                load_weights(self.model, weights_dir)
+            else:
+                init_weights(self.model, seed)
+        self.kv_path = cfg.runtime.kv_path
+        self.attention = cfg.runtime.attention
+
+        self.cache = PagedKVCache.from_config(cfg, sp=group.size, dtype=self.dtype, device=self.device)
+        self.layout = TokenLayout(self.frames, cfg.tokens_per_frame, *token_range(cfg.tokens_per_chunk, group))
+        self.heads = head_range(m.num_heads, group)
+        # One paged-attention step per latent frame of K/V keeps the materialised group bounded.
+        self.group_blocks = self.cache.blocks_per_frame
+        self.sigmas = schedule.sigmas(cfg.schedule)
+        self.phases = schedule.phases(cfg.schedule)
+        self.timesteps = schedule.model_timesteps(cfg.schedule)
+        self.hooks: list[Hook] = []
+        self._sessions = itertools.count()
+        self.rope = RopeTables(m.head_dim, self.grid, self.layout, self.device)
+        self.t_freq = sinusoidal(self.timesteps, m.freq_dim).to(self.device)  # (phases, freq_dim)
+        self.rays = camera.CameraRays(v.height, v.width, self.device)
+        self._gen = None if self.meta else torch.Generator(device=self.device)
+
+    # ---- runtime switches (a candidate may flip these between chunks) ----------------------------
+    @property
+    def kv_path(self) -> str:
+        return self.model.kv_path
+
+    @kv_path.setter
+    def kv_path(self, name: str) -> None:
+        kv_path(name)
+        self.model.kv_path = name
+
+    @property
+    def attention(self) -> str:
+        return self.model.attention
+
+    @attention.setter
+    def attention(self, name: str) -> None:
+        dense(name)
+        self.model.attention = name
+
+    # ---- session API -----------------------------------------------------------------------------
+    def attention_description(self) -> str:
+        return f"{self.kv_path}+{self.attention}"
+
+    @torch.inference_mode()
+    def start_session(self, conditions: SessionConditions) -> DitSession:
+        m = self.cfg.model
+        image = check_image_latent(conditions.image_latent, *self.latent_hw)
+        text = session_text_embedding(conditions, m.text_len, m.text_dim).to(self.device, self.dtype)
+        kv = self.cache.open()
+        s = DitSession(sid=next(self._sessions), seed=int(conditions.seed), kv=kv,
+                       text_kv=self.model.text_kv(text, self.heads),
+                       image_latent=None if image is None else image.to(self.device, torch.float32))
+        self._emit("session_start", session=s.sid)
+        return s
+
+    @torch.inference_mode()
+    def generate_chunk(self, session: DitSession, actions: list[str] | None = None, *, poses=None) -> Tensor:
+        """The next chunk's clean latent (16, frames_per_chunk, h, w), fp32, identical on every rank.
+        ``poses`` (frames, 4, 4) camera-to-world matrices may replace ``actions``."""
+        if session.closed:
+            raise HarnessError(f"session {session.sid} has ended")
+        with hctx.phase(stage="dit"):
+            return self._generate_chunk(session, actions, poses)
+
+    def _generate_chunk(self, session: DitSession, actions: list[str] | None, poses) -> Tensor:
+        first = session.kv.next_frame
+        rays = self._rays(session, actions, poses)
+        cam = self.model.camera_tokens(rays, self.layout).to(self.dtype)
+        y = image_condition(session.image_latent, first, self.frames, *self.latent_hw, device=self.device, dtype=self.dtype)
+        self.cache.begin_chunk(session.kv, self.frames)
+        session.kv_tokens.append(self.cache.visible_tokens(session.kv))
+        cos, sin = self.rope.for_chunk(first)
+        ctx = ForwardContext(group=self.group, layout=self.layout, grid=self.grid, cos=cos, sin=sin, cache=self.cache,
+                             kv=session.kv, text_kv=session.text_kv, group_blocks=self.group_blocks)
+        if self.hooks:
+            self._emit("chunk_start", session=session.sid, chunk=session.chunk, kv_tokens=session.kv_tokens[-1])
+
+        x = self._noise(session, 0)
+        x0 = x
+        steps = len(self.sigmas)
+        for i in range(steps):
+            v = self._forward(session, ctx, x, y, cam, i)
+            x0 = schedule.predict_x0(x, v, self.sigmas[i])
+            if i + 1 < steps:
+                x = schedule.renoise(x0, self._noise(session, i + 1), self.sigmas[i + 1])
+        self._forward(session, ctx, x0, y, cam, steps)  # commit: K/V of the clean chunk
+        self.cache.commit(session.kv)
+        if self.hooks:
+            self._emit("chunk_end", session=session.sid, chunk=session.chunk)
+        session.chunk += 1
+        return x0
+
+    def _forward(self, session: DitSession, ctx: ForwardContext, x: Tensor, y: Tensor, cam: Tensor, step: int) -> Tensor:
+        phase = self.phases[step]
+        if self.hooks:
+            self._emit("step_start", session=session.sid, chunk=session.chunk, phase=phase, step=step,
+                       timestep=self.timesteps[step], kv_tokens=session.kv_tokens[-1],
+                       q_tokens=self.cfg.tokens_per_chunk)
+        t = self.t_freq[step].expand(self.frames, -1)  # one timestep per latent frame
+        with hctx.phase(step=step):  # 0..3 denoise, 4 commit (the name is self.phases[step])
+            v = self.model(model_input(x, y), t, cam, ctx)
+        if self.hooks:
+            self._emit("step_end", session=session.sid, chunk=session.chunk, phase=phase, step=step)
+        return v
+
+    def end_session(self, session: DitSession) -> None:
+        if session.closed:
+            return
+        self.cache.free_session(session.kv)
+        session.text_kv = []
+        session.image_latent = None
+        session.closed = True
+        if self.hooks:
+            self._emit("session_end", session=session.sid)
+
+    def kv_stats(self) -> dict:
+        return self.cache.stats()
+
+    # ---- internals -------------------------------------------------------------------------------
+    def _noise(self, session: DitSession, step: int) -> Tensor:
+        h, w = self.latent_hw
+        if self._gen is None:  # meta: shapes only
+            return torch.empty(LATENT_CHANNELS, self.frames, h, w, device=self.device)
+        self._gen.manual_seed(derive_seed("noise", session.seed, session.chunk, step))
+        return torch.randn(LATENT_CHANNELS, self.frames, h, w, generator=self._gen, device=self.device)
+
+    def _rays(self, session: DitSession, actions: list[str] | None, poses) -> Tensor:
+        if poses is not None:
+            world = camera.validate_poses(poses, self.frames)
+        elif actions is not None:
+            world = camera.integrate_actions(camera.validate_actions(actions, self.frames), session.last_pose)
+        else:
+            raise HarnessError("generate_chunk needs actions (one per latent frame) or poses")
+        if session.first_pose is None:
+            session.first_pose = world[0]
+        session.last_pose = world[-1]
+        rel = torch.from_numpy(camera.relative_poses(world, session.first_pose)).float()
+        if self.device.type == "cuda":
+            rel = rel.pin_memory()
+        return self.rays(rel.to(self.device, non_blocking=True))
+
+    def _emit(self, event: str, **info) -> None:
+        for h in self.hooks:
+            h(event, info)

@@ -1,0 +1,165 @@
+"""Paged KV cache for the causal DiT: per-layer block pools, a block table per session, sink + window.
+
+Every layer has a K pool and a V pool of shape (num_blocks, block_size, local_heads, head_dim);
+under Ulysses SP each rank holds all tokens of its local heads. A session's blocks are tracked per
+absolute latent frame. The visible window (``cache.window_frames``) includes the chunk being
+generated: at each chunk boundary the committed frames are cut back to the sink (the session's
+first ``sink_frames`` frames, kept forever) plus the most recent
+``window − sink − frames_per_chunk`` frames, and then the new chunk's blocks are allocated. The
+denoise passes overwrite the new chunk's blocks; the commit pass leaves the final K/V in them and
+``commit`` makes them part of the history later chunks see.
+
+All bookkeeping is on the host (small Python lists); each chunk's block table goes to the device
+once, so the forwards of a chunk never wait on the host.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from harness.config import HarnessConfig
+from harness.errors import HarnessError
+
+
+@dataclass
+class SessionKV:
+    sid: int
+    frames: dict[int, list[int]] = field(default_factory=dict)  # absolute latent frame → block ids
+    pending: list[int] = field(default_factory=list)  # frames of the chunk in flight (not committed)
+    next_frame: int = 0
+    visible_ids: Tensor | None = None  # (n_visible_blocks,) int64 on the device, frame order
+    current_ids: Tensor | None = None  # (n_current_blocks,) the chunk in flight, token order
+    visible_blocks: int = 0
+    closed: bool = False
+
+    @property
+    def blocks(self) -> int:
+        return sum(len(b) for b in self.frames.values())
+
+
+def _to_device(ids: list[int], device: torch.device) -> Tensor:
+    t = torch.tensor(ids, dtype=torch.long)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+class PagedKVCache:
+    def __init__(self, *, num_layers: int, local_heads: int, head_dim: int, block_size: int, tokens_per_frame: int,
+                 sink_frames: int, window_frames: int, max_sessions: int, dtype: torch.dtype, device: torch.device):
+        if tokens_per_frame % block_size:
+            raise HarnessError(f"KV block size {block_size} does not divide {tokens_per_frame} tokens per frame")
+        self.block_size = block_size
+        self.blocks_per_frame = tokens_per_frame // block_size
+        self.sink_frames, self.window_frames = sink_frames, window_frames
+        self.num_blocks = max_sessions * window_frames * self.blocks_per_frame
+        self.max_sessions = max_sessions
+        self.device = device
+        shape = (self.num_blocks, block_size, local_heads, head_dim)
+        self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._free = list(range(self.num_blocks))  # a min-heap: lowest ids first keeps runs repeatable
+        self._sessions: dict[int, SessionKV] = {}
+        self._ids = itertools.count()
+
+    @classmethod
+    def from_config(cls, cfg: HarnessConfig, *, sp: int, dtype: torch.dtype, device: torch.device) -> "PagedKVCache":
+        m = cfg.model
+        return cls(num_layers=m.num_layers, local_heads=m.num_heads // sp, head_dim=m.head_dim,
+                   block_size=cfg.block_size, tokens_per_frame=cfg.tokens_per_frame,
+                   sink_frames=cfg.cache.sink_frames, window_frames=cfg.cache.window_frames,
+                   max_sessions=cfg.cache.max_sessions, dtype=dtype, device=device)
+
+    # ---- session lifecycle ---------------------------------------------------------------------
+    def open(self) -> SessionKV:
+        if len(self._sessions) >= self.max_sessions:
+            raise HarnessError(f"KV cache holds {len(self._sessions)} sessions already (cache.max_sessions = {self.max_sessions})")
+        s = SessionKV(next(self._ids))
+        self._sessions[s.sid] = s
+        return s
+
+    def begin_chunk(self, s: SessionKV, frames: int) -> None:
+        """Evict to sink + recent, then allocate the blocks of the next ``frames`` latent frames."""
+        if s.closed:
+            raise HarnessError(f"KV session {s.sid} is closed")
+        recent = self.window_frames - self.sink_frames - frames
+        if recent < 0:
+            raise HarnessError(f"a chunk of {frames} frames does not fit the window of {self.window_frames} after {self.sink_frames} sink frames")
+        for f in s.pending:  # a chunk that never committed (cancelled mid-chunk) is dropped
+            self._release(s.frames.pop(f))
+        s.pending = []
+        old = [f for f in s.frames if f >= self.sink_frames]
+        for f in old[:max(0, len(old) - recent)]:
+            self._release(s.frames.pop(f))
+        need = frames * self.blocks_per_frame
+        if need > len(self._free):
+            raise HarnessError(f"KV pool exhausted: need {need} blocks, {len(self._free)} free of {self.num_blocks}")
+        for f in range(s.next_frame, s.next_frame + frames):
+            s.frames[f] = [heapq.heappop(self._free) for _ in range(self.blocks_per_frame)]
+            s.pending.append(f)
+        visible = [b for f in sorted(s.frames) for b in s.frames[f]]
+        s.visible_ids = _to_device(visible, self.device)
+        s.current_ids = _to_device([b for f in s.pending for b in s.frames[f]], self.device)
+        s.visible_blocks = len(visible)
+
+    def commit(self, s: SessionKV) -> None:
+        """The commit pass has written the chunk's final K/V: later chunks may attend to it."""
+        s.next_frame += len(s.pending)
+        s.pending = []
+
+    def free_session(self, s: SessionKV) -> None:
+        if s.closed:
+            return
+        for blocks in s.frames.values():
+            self._release(blocks)
+        s.frames.clear()
+        s.pending = []
+        s.visible_ids = s.current_ids = None
+        s.visible_blocks = 0
+        s.closed = True
+        self._sessions.pop(s.sid, None)
+
+    def _release(self, blocks: list[int]) -> None:
+        for b in blocks:
+            heapq.heappush(self._free, b)
+
+    # ---- data path -----------------------------------------------------------------------------
+    def write(self, layer: int, s: SessionKV, k: Tensor, v: Tensor) -> None:
+        """k, v: (tokens of the chunk in flight, local_heads, head_dim), already RoPE-rotated."""
+        shape = (-1, self.block_size, *k.shape[1:])
+        self.k[layer].index_copy_(0, s.current_ids, k.reshape(shape))
+        self.v[layer].index_copy_(0, s.current_ids, v.reshape(shape))
+
+    def visible_tokens(self, s: SessionKV) -> int:
+        return s.visible_blocks * self.block_size
+
+    # ---- accounting ----------------------------------------------------------------------------
+    @property
+    def blocks_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def blocks_used(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def session_blocks(self, s: SessionKV) -> int:
+        return s.blocks
+
+    def bytes_total(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+
+    def stats(self) -> dict:
+        return {
+            "block_size": self.block_size,
+            "blocks_per_frame": self.blocks_per_frame,
+            "blocks_total": self.num_blocks,
+            "blocks_used": self.blocks_used,
+            "blocks_free": self.blocks_free,
+            "bytes_total": self.bytes_total(),
+            "sessions": {sid: s.blocks for sid, s in self._sessions.items()},
+        }

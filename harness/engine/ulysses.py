@@ -1,0 +1,67 @@
+"""Ulysses sequence parallelism over a ``RankGroup``.
+
+Tokens of a chunk (flattened frame, h, w order) are sharded over the group in contiguous slices.
+Around attention one all-to-all turns (local tokens, all heads) into (all tokens, local heads) and
+one turns it back; everything else in a block is per-token and runs on the local slice. With a
+group of one every function is the identity and no collective is issued.
+
+Head layout: rank r owns heads [r·H/sp, (r+1)·H/sp); token layout: rank r owns tokens
+[r·N/sp, (r+1)·N/sp). ``all_to_all_single`` splits its input along dim 0 by destination rank and
+stacks its output along dim 0 by source rank, so both directions are a reshape, one (permuting)
+copy into a contiguous send buffer and the collective.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from harness.engine.groups import RankGroup
+
+
+def token_range(n_tokens: int, group: RankGroup) -> tuple[int, int]:
+    n = n_tokens // group.size
+    return group.rank * n, (group.rank + 1) * n
+
+
+def head_range(n_heads: int, group: RankGroup) -> tuple[int, int]:
+    h = n_heads // group.size
+    return group.rank * h, (group.rank + 1) * h
+
+
+def seq_to_heads(x: Tensor, group: RankGroup) -> Tensor:
+    """(n_local, K, H, D) → (N, K, H/sp, D); K stacks tensors (q, k, v) sharing one collective."""
+    if not group.active:
+        return x
+    n, kk, h, d = x.shape
+    sp = group.size
+    send = x.view(n, kk, sp, h // sp, d).permute(2, 0, 1, 3, 4).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group.group)
+    return recv.view(sp * n, kk, h // sp, d)
+
+
+def heads_to_seq(x: Tensor, group: RankGroup) -> Tensor:
+    """(N, H/sp, D) → (n_local, H, D)."""
+    if not group.active:
+        return x
+    nn_, hl, d = x.shape
+    sp = group.size
+    send = x.contiguous().view(sp, nn_ // sp, hl, d)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group.group)
+    return recv.permute(1, 0, 2, 3).reshape(nn_ // sp, sp * hl, d)
+
+
+def gather_tokens(x: Tensor, group: RankGroup) -> Tensor:
+    """(n_local, C) on every rank → (N, C) on every rank, in token order."""
+    if not group.active:
+        return x
+    out = x.new_empty(x.shape[0] * group.size, *x.shape[1:])
+    _all_gather(out, x.contiguous(), group=group.group)
+    return out
+
+
+# torch 2.13 renamed all_gather_into_tensor (now deprecated) to all_gather_single; pyproject allows ≥ 2.4.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -1,0 +1,109 @@
+"""The VAE side of the reference engine: streaming, width-sharded decode sessions, image encode.
+
+Every VAE rank builds the decoder and receives the full latent of a chunk; it decodes its own
+width strip with the session's causal cache (per strip) and rank 0 gathers the strips.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from harness.config import VAE_SPATIAL, VAE_TEMPORAL, HarnessConfig
+from harness.engine.groups import RankGroup
+from harness.engine.vae import LOCAL, CausalCache, WanVAE, build_vae, parameter_count
+from harness.engine.vae_shard import WidthShard
+from harness.errors import HarnessError
+
+
+@dataclass
+class VaeSession:
+    cache: CausalCache | None
+    chunks: int = 0  # chunks decoded so far
+    frames: int = 0  # pixel frames produced so far
+    closed: bool = field(default=False)
+
+
+class VaeEngine:
+    def __init__(
+        self,
+        cfg: HarnessConfig,
+        *,
+        group: RankGroup,
+        device: torch.device,
+        seed: int = 0,
+        weights_dir: str | None = None,
+    ):
+        self.cfg = cfg
+        self.group = group
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, cfg.runtime.vae_dtype)
+        self.seed = seed
+        self.weights_dir = weights_dir
+        self.latent_h, self.latent_w = cfg.video.latent_h, cfg.video.latent_w
+        if self.latent_w % group.size or self.latent_w // group.size < 2:
+            raise HarnessError(f"latent width {self.latent_w} cannot be split into {group.size} strips of ≥ 2 columns")
+        self.width = WidthShard(group) if group.active else LOCAL
+        self.model = build_vae(cfg.vae, encoder=False, decoder=True, seed=seed, weights=weights_dir,
+                               device=self.device, dtype=self.dtype)
+        self._encoder: WanVAE | None = None  # built on first encode_image
+
+    @property
+    def decoder_params(self) -> int:
+        return parameter_count(self.model)
+
+    @property
+    def conv_tf32(self) -> bool:
+        """Whether cuDNN may run this engine's convolutions in TF32 (for the run manifest)."""
+        return self.device.type == "cuda" and self.dtype == torch.float32 and torch.backends.cudnn.allow_tf32
+
+    # -- sessions ---------------------------------------------------------------------------------
+    def start_session(self) -> VaeSession:
+        return VaeSession(self.model.new_decode_cache())
+
+    def decode_chunk(self, session: VaeSession, latent: torch.Tensor) -> torch.Tensor | None:
+        """Decode the next chunk of a session. ``latent``: the full (z, F, h, w) normalised latent.
+
+        Returns (3, T, H, W) float32 in [-1, 1] on group rank 0, None elsewhere, with
+        T = 1 + 4(F-1) for the session's first chunk and 4F afterwards.
+        """
+        if session.closed or session.cache is None:
+            raise HarnessError("decode_chunk on a VAE session that has ended")
+        z = self.model.z_dim
+        if latent.dim() != 4 or latent.shape[0] != z or tuple(latent.shape[2:]) != (self.latent_h, self.latent_w) or latent.shape[1] < 1:
+            raise HarnessError(
+                f"VAE latent must be ({z}, F, {self.latent_h}, {self.latent_w}), got {tuple(latent.shape)}"
+            )
+        strip = self.width.strip(latent) if self.group.active else latent
+        strip = strip.to(device=self.device, dtype=self.dtype)[None]
+        with torch.inference_mode():
+            pixels = self.model.decode(strip, session.cache, self.width)[0]
+            out = self.width.gather_to_root(pixels) if self.group.active else pixels
+        session.chunks += 1
+        session.frames += pixels.shape[1]
+        return None if out is None else out.float()
+
+    def end_session(self, session: VaeSession) -> None:
+        session.cache = None
+        session.closed = True
+
+    # -- conditioning image -----------------------------------------------------------------------
+    def encode_image(self, image_uint8_hwc: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """(H, W, 3) uint8 RGB → (z, 1, H/8, W/8) float32 normalised latent, on this rank alone."""
+        img = torch.as_tensor(image_uint8_hwc)
+        if img.dtype != torch.uint8 or img.dim() != 3 or img.shape[2] != 3:
+            raise HarnessError(f"encode_image wants an (H, W, 3) uint8 image, got {tuple(img.shape)} {img.dtype}")
+        if img.shape[0] % VAE_SPATIAL or img.shape[1] % VAE_SPATIAL:
+            raise HarnessError(f"image {img.shape[0]}x{img.shape[1]} is not a multiple of {VAE_SPATIAL}")
+        if self._encoder is None:
+            self._encoder = build_vae(self.cfg.vae, encoder=True, decoder=False, seed=self.seed,
+                                      weights=self.weights_dir, device=self.device, dtype=self.dtype)
+        x = (img.to(self.device).permute(2, 0, 1)[None, :, None].float() / 127.5 - 1.0).to(self.dtype)
+        with torch.inference_mode():
+            return self._encoder.encode(x)[0].float()
+
+    @staticmethod
+    def frames_for(latent_frames: int, first: bool) -> int:
+        return 1 + VAE_TEMPORAL * (latent_frames - 1) if first else VAE_TEMPORAL * latent_frames

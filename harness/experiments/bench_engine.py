@@ -1,0 +1,217 @@
+"""``bench-engine``: the engine alone, no serving path — how fast are the DiT and the VAE?
+
+DiT: one session on SP ranks, chunks until the KV window is saturated plus a few steady ones;
+per chunk the host time around the 5 forwards (synchronised), per forward from CUDA events on a
+GPU. VAE: a streaming session on M ranks, per-chunk decode time. FLOPs come from the dispatch
+recorder run over the *same code* on the meta device (no memory, no arithmetic), whole model;
+MFU is against a peak measured in the same process (bf16 dense GEMM for the DiT, TF32 for the
+VAE) unless one is given.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+from harness.config import HarnessConfig, load_config, load_preset, override
+from harness.engine.groups import RankGroup, run_ranks
+
+
+def steady_chunk_index(cfg: HarnessConfig) -> int:
+    """First chunk whose effective KV length is the full window (chunk 5 for 18/3)."""
+    return cfg.cache.window_frames // cfg.video.frames_per_chunk - 1
+
+
+# ---- FLOPs on the meta device ------------------------------------------------------------
+def count_steady_flops(cfg: HarnessConfig) -> dict[str, int]:
+    """FLOPs of one steady, KV-saturated chunk (5 DiT forwards + its VAE decode), whole model.
+
+    SP only redistributes the same GEMMs and attention over ranks, so the SP=1 count is the sum
+    over ranks; the VAE's halo columns add a few percent at M>1 that this count leaves out.
+    """
+    from harness.engine.dit_engine import DitEngine, SessionConditions
+    from harness.engine.vae_engine import VaeEngine
+    from harness.hooks.dispatch import DispatchRecorder
+
+    cfg1 = override(cfg, parallel={"sp": 1, "vae_ranks": 1})
+    meta = torch.device("meta")
+    steady = steady_chunk_index(cfg1)
+    dit = DitEngine(cfg1, group=RankGroup.single(), device=meta, seed=0)
+    s = dit.start_session(SessionConditions(prompt="flops", seed=0, image_latent=None))
+    actions = [""] * cfg1.video.frames_per_chunk
+    for _ in range(steady):
+        dit.generate_chunk(s, actions)
+    with DispatchRecorder(path=None) as rec:
+        latent = dit.generate_chunk(s, actions)
+    dit.end_session(s)
+    cats = rec.flops_by_category()
+
+    vae = VaeEngine(cfg1, group=RankGroup.single(), device=meta, seed=0)
+    vs = vae.start_session()
+    lat = torch.empty_like(latent, device=meta)
+    vae.decode_chunk(vs, lat)
+    with DispatchRecorder(path=None) as vrec:
+        vae.decode_chunk(vs, lat)
+    vae.end_session(vs)
+    vcats = vrec.flops_by_category()
+    out = {
+        "linear_flops": int(cats.get("linear", 0)),
+        "self_attention_flops": int(cats.get("self_attention", 0)),
+        "cross_attention_flops": int(cats.get("cross_attention", 0)),
+        "vae_conv_flops": int(sum(vcats.values())),
+    }
+    out["dit_flops"] = out["linear_flops"] + out["self_attention_flops"] + out["cross_attention_flops"] + int(cats.get("other", 0))
+    out["other_dit_flops"] = int(cats.get("other", 0))
+    out["total_flops"] = out["dit_flops"] + out["vae_conv_flops"]
+    return out
+
+
+# ---- peaks ---------------------------------------------------------------------------------
+def measure_peak_tflops(device: torch.device, dtype: torch.dtype, n: int = 8192, iters: int = 30) -> float:
+    """Dense GEMM throughput on random data: the ceiling MFU is stated against."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(5):
+        a @ b
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        a @ b
+    end.record()
+    torch.cuda.synchronize(device)
+    return 2 * n**3 * iters / (start.elapsed_time(end) / 1e3) / 1e12
+
+
+# ---- timed runs, one process per rank -----------------------------------------------------
+def _device_for(cfg: HarnessConfig, rank: int) -> torch.device:
+    if cfg.runtime.device == "cuda":
+        d = torch.device(f"cuda:{rank % torch.cuda.device_count()}")
+        torch.cuda.set_device(d)
+        return d
+    return torch.device("cpu")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int) -> dict:
+    from harness.engine.dit_engine import DitEngine, SessionConditions
+
+    device = _device_for(cfg, group.rank)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    eng = DitEngine(cfg, group=group, device=device, seed=cfg.runtime.seed)
+    s = eng.start_session(SessionConditions(prompt="bench", seed=0, image_latent=None))
+    times, kv_tokens = [], []
+    for c in range(chunks):
+        actions = ["W"] * cfg.video.frames_per_chunk
+        _sync(device)
+        t0 = time.perf_counter()
+        eng.generate_chunk(s, actions)
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+        kv_tokens.append(min((c + 1) * cfg.tokens_per_chunk, cfg.max_kv_tokens))
+    eng.end_session(s)
+    out = {"chunk_ms": times, "kv_tokens": kv_tokens, "attention": getattr(eng, "attention_description", lambda: cfg.runtime.attention)()}
+    if device.type == "cuda":
+        out["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return out
+
+
+def _vae_rank(group: RankGroup, cfg: HarnessConfig, chunks: int) -> dict:
+    from harness.engine.vae_engine import VaeEngine
+
+    device = _device_for(cfg, group.rank)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    eng = VaeEngine(cfg, group=group, device=device, seed=cfg.runtime.seed)
+    s = eng.start_session()
+    gen = torch.Generator().manual_seed(0)
+    shape = (16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)
+    times = []
+    for _ in range(chunks):
+        lat = torch.randn(shape, generator=gen).to(device)
+        _sync(device)
+        t0 = time.perf_counter()
+        eng.decode_chunk(s, lat)
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    eng.end_session(s)
+    out = {"decode_ms": times}
+    if device.type == "cuda":
+        out["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return out
+
+
+def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float | None = None) -> dict:
+    steady = steady_chunk_index(cfg)
+    chunks = chunks or steady + 3
+    backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
+    dit = run_ranks(_dit_rank, cfg.parallel.sp, cfg, chunks, backend=backend, timeout_s=3600)[0]
+    vae = run_ranks(_vae_rank, cfg.parallel.vae_ranks, cfg, min(chunks, 4), backend=backend, timeout_s=3600)[0]
+    flops = count_steady_flops(cfg)
+    steady_ms = dit["chunk_ms"][steady:] if len(dit["chunk_ms"]) > steady else dit["chunk_ms"][-1:]
+    dit_ms = statistics.median(steady_ms)
+    vae_ms = statistics.median(vae["decode_ms"][1:] or vae["decode_ms"])
+    res = {
+        "preset": cfg.name, "device": cfg.runtime.device, "sp": cfg.parallel.sp, "vae_ranks": cfg.parallel.vae_ranks,
+        "dtype": cfg.runtime.dtype, "attention": dit["attention"], "kv_path": cfg.runtime.kv_path,
+        "dit_chunk_ms": dit["chunk_ms"], "dit_kv_tokens": dit["kv_tokens"], "dit_steady_chunk_ms": dit_ms,
+        "dit_forward_ms": dit_ms / (len(cfg.schedule.timesteps) + 1),
+        "vae_decode_ms": vae["decode_ms"], "vae_steady_decode_ms": vae_ms, "flops": flops,
+        "dit_tflops_per_s": flops["dit_flops"] / (dit_ms / 1e3) / 1e12,
+        "vae_tflops_per_s": flops["vae_conv_flops"] / (vae_ms / 1e3) / 1e12,
+        "peak_mem_gib": {"dit": dit.get("peak_mem_gib"), "vae": vae.get("peak_mem_gib")},
+    }
+    if cfg.runtime.device == "cuda":
+        dev = torch.device("cuda:0")
+        bf16 = peak_tflops or measure_peak_tflops(dev, torch.bfloat16)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        tf32 = measure_peak_tflops(dev, torch.float32)
+        res["peak_bf16_tflops"], res["peak_tf32_tflops"] = bf16, tf32
+        # per-GPU MFU: the DiT's FLOPs are spread over sp GPUs, the VAE's over vae_ranks GPUs
+        res["dit_mfu"] = res["dit_tflops_per_s"] / (bf16 * cfg.parallel.sp)
+        res["vae_mfu"] = res["vae_tflops_per_s"] / (tf32 * cfg.parallel.vae_ranks)
+    elif peak_tflops:
+        res["peak_tflops"] = peak_tflops
+        res["dit_mfu"] = res["dit_tflops_per_s"] / (peak_tflops * cfg.parallel.sp)
+    return res
+
+
+def _print(res: dict) -> None:
+    print(f"bench-engine {res['preset']} on {res['device']}: SP={res['sp']} VAE ranks={res['vae_ranks']} "
+          f"dtype={res['dtype']} attention={res['attention']} kv={res['kv_path']}")
+    print("  DiT per chunk (ms): " + " ".join(f"{t:.1f}" for t in res["dit_chunk_ms"]))
+    print(f"  DiT steady chunk {res['dit_steady_chunk_ms']:.2f} ms, per forward {res['dit_forward_ms']:.2f} ms, "
+          f"{res['dit_tflops_per_s']:.3f} TFLOP/s" + (f", MFU {res['dit_mfu']:.1%}" if "dit_mfu" in res else ""))
+    print(f"  VAE steady decode {res['vae_steady_decode_ms']:.2f} ms, {res['vae_tflops_per_s']:.3f} TFLOP/s"
+          + (f", MFU {res['vae_mfu']:.1%} (TF32)" if "vae_mfu" in res else ""))
+    f = res["flops"]
+    print(f"  FLOPs per steady chunk: linear {f['linear_flops']:.4g}, self-attn {f['self_attention_flops']:.4g}, "
+          f"cross-attn {f['cross_attention_flops']:.4g}, VAE conv {f['vae_conv_flops']:.4g}")
+
+
+def main(args) -> int:
+    cfg = load_config(args.config) if args.config else load_preset(args.preset)
+    cfg = override(cfg, parallel={"sp": args.sp, "vae_ranks": args.vae_ranks}, runtime={"device": args.device})
+    if args.flops_only:
+        print(json.dumps(count_steady_flops(cfg)))
+        return 0
+    if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
+        from harness.errors import HarnessError
+
+        raise HarnessError("--device cuda but no CUDA device is visible (use --device cpu or --flops-only)")
+    res = run_bench(cfg, args.chunks, args.peak_tflops)
+    _print(res)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    sys.stdout.flush()
+    return 0

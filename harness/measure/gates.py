@@ -1,0 +1,387 @@
+"""Saved outputs and the numeric gates over them (DESIGN §5).
+
+Layout of a run directory (the writer and the gate both use the helpers here, so they agree):
+
+- ``outputs/epoch{E}/chunk{CC}.latent.npy``: float32 latent of chunk CC (two digits) of epoch E.
+- ``outputs/epoch{E}/chunk{CC}.pixels.npy``: uint8 pixels, (T, H, W, 3) RGB.
+- ``outputs/hashes.jsonl``: one ``HashRecord`` per chunk of *every* epoch, saved or not. A hash is
+  the SHA-256 of the array's raw C-order bytes (``array_sha256``): latents and pixels are produced
+  in different processes (driver, encoder), which hash what they hold without building a file.
+
+Gates, with run A the reference:
+
+- ``exact``: every saved file byte-identical and every hash record equal.
+- ``threshold``: latent ‖b−a‖₂/‖a‖₂ ≤ 0.01 and |b−a| ≤ 0.03 + 0.03·|a| everywhere; pixels mapped to
+  [−1, 1] by x/127.5 − 1: RMSE ≤ 0.01 and max|Δ| ≤ 0.03 (one uint8 step is 0.0078, so up to
+  3 steps per pixel pass). Hash records must cover the same chunks; their values are not compared.
+
+Both: a file or record present on one side only fails, an unreadable file fails, a non-finite value
+(NaN/Inf) anywhere fails, and comparing nothing fails — a gate never passes by skipping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+import numpy as np
+
+OUTPUTS_DIR = "outputs"
+HASHES_FILE = "hashes.jsonl"
+SAVED_EPOCHS: tuple[int, ...] = (0, 1)
+
+GateKind = Literal["exact", "threshold"]
+_FILE_RE = re.compile(r"^epoch(\d+)/chunk(\d+)\.(latent|pixels)\.npy$")
+
+
+class Thresholds(msgspec.Struct, frozen=True, kw_only=True):
+    latent_rel_l2: float = 0.01
+    latent_atol: float = 0.03
+    latent_rtol: float = 0.03
+    pixel_rmse: float = 0.01
+    pixel_max_abs: float = 0.03
+
+
+DEFAULT_THRESHOLDS = Thresholds()
+
+
+# ---- writing -------------------------------------------------------------------------------
+
+
+class HashRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Hashes of one chunk; ``None`` where that output was never produced (the gate fails it)."""
+
+    epoch: int
+    chunk: int
+    session: int | None = None
+    latent_sha256: str | None = None
+    pixels_sha256: str | None = None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.epoch, self.chunk)
+
+
+def chunk_path(run_dir: str | Path, epoch: int, chunk: int, what: Literal["latent", "pixels"]) -> Path:
+    return Path(run_dir) / OUTPUTS_DIR / f"epoch{epoch}" / f"chunk{chunk:02d}.{what}.npy"
+
+
+def _check_latent(latent: np.ndarray) -> None:
+    if latent.dtype != np.float32:
+        raise ValueError(f"latent must be float32, got {latent.dtype}")
+
+
+def _check_pixels(pixels: np.ndarray) -> None:
+    if pixels.dtype != np.uint8 or pixels.ndim != 4 or pixels.shape[-1] != 3:
+        raise ValueError(f"pixels must be uint8 (T, H, W, 3), got {pixels.dtype} {pixels.shape}")
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    """The bytes of a ``.npy`` file (format 1.0, no pickle), written whole so a reader never sees half."""
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, np.ascontiguousarray(array), version=(1, 0), allow_pickle=False)
+    return buf.getvalue()
+
+
+def array_sha256(array: np.ndarray) -> str:
+    """The hash of ``hashes.jsonl``: SHA-256 of the raw C-order bytes (dtype and shape are fixed by
+    the config, and the saved files carry them)."""
+    return hashlib.sha256(np.ascontiguousarray(array).data).hexdigest()
+
+
+def hash_record(epoch: int, chunk: int, latent: np.ndarray, pixels: np.ndarray, session: int | None = None) -> HashRecord:
+    _check_latent(latent)
+    _check_pixels(pixels)
+    return HashRecord(epoch=epoch, chunk=chunk, session=session, latent_sha256=array_sha256(latent), pixels_sha256=array_sha256(pixels))
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)  # a crash leaves the old file or none, never a truncated .npy
+
+
+def save_latent(run_dir: str | Path, epoch: int, chunk: int, latent: np.ndarray) -> str:
+    """Write ``chunk{CC}.latent.npy``; return its ``array_sha256``."""
+    _check_latent(latent)
+    _write_atomic(chunk_path(run_dir, epoch, chunk, "latent"), npy_bytes(latent))
+    return array_sha256(latent)
+
+
+def save_pixels(run_dir: str | Path, epoch: int, chunk: int, pixels: np.ndarray) -> str:
+    """Write ``chunk{CC}.pixels.npy``; return its ``array_sha256``."""
+    _check_pixels(pixels)
+    _write_atomic(chunk_path(run_dir, epoch, chunk, "pixels"), npy_bytes(pixels))
+    return array_sha256(pixels)
+
+
+def save_chunk_outputs(
+    run_dir: str | Path, epoch: int, chunk: int, latent: np.ndarray, pixels: np.ndarray, session: int | None = None
+) -> HashRecord:
+    """Write the chunk's latent and pixels; return their hash record (not appended: see ``record_chunk``)."""
+    _check_latent(latent)
+    _check_pixels(pixels)
+    return HashRecord(
+        epoch=epoch, chunk=chunk, session=session,
+        latent_sha256=save_latent(run_dir, epoch, chunk, latent), pixels_sha256=save_pixels(run_dir, epoch, chunk, pixels),
+    )
+
+
+def append_hash_record(run_dir: str | Path, record: HashRecord) -> None:
+    path = Path(run_dir) / OUTPUTS_DIR / HASHES_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as f:
+        f.write(msgspec.json.encode(record) + b"\n")
+
+
+def record_chunk(
+    run_dir: str | Path, epoch: int, chunk: int, latent: np.ndarray, pixels: np.ndarray,
+    save_epochs: tuple[int, ...] = SAVED_EPOCHS, session: int | None = None,
+) -> HashRecord:
+    """For a writer that holds both arrays: save them if the epoch is saved, always append the hash."""
+    if epoch in save_epochs:
+        rec = save_chunk_outputs(run_dir, epoch, chunk, latent, pixels, session)
+    else:
+        rec = hash_record(epoch, chunk, latent, pixels, session)
+    append_hash_record(run_dir, rec)
+    return rec
+
+
+def write_hashes(run_dir: str | Path, records: list[HashRecord]) -> None:
+    path = Path(run_dir) / OUTPUTS_DIR / HASHES_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(path, b"".join(msgspec.json.encode(r) + b"\n" for r in records))
+
+
+def read_hashes(run_dir: str | Path) -> list[HashRecord]:
+    path = Path(run_dir) / OUTPUTS_DIR / HASHES_FILE
+    dec = msgspec.json.Decoder(HashRecord)
+    return [dec.decode(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def list_outputs(run_dir: str | Path) -> list[str]:
+    """Saved chunk files, relative to ``outputs/`` (``epoch1/chunk03.latent.npy``), sorted."""
+    root = Path(run_dir) / OUTPUTS_DIR
+    if not root.is_dir():
+        return []
+    return sorted(
+        rel for p in root.glob("epoch*/chunk*.npy") if p.is_file() and _FILE_RE.match(rel := p.relative_to(root).as_posix())
+    )
+
+
+# ---- metrics over arrays -------------------------------------------------------------------
+
+
+def _nonfinite(a: np.ndarray) -> int:
+    return int(a.size - np.count_nonzero(np.isfinite(a)))
+
+
+def latent_metrics(a: np.ndarray, b: np.ndarray, t: Thresholds = DEFAULT_THRESHOLDS) -> dict[str, float]:
+    """Reference ``a`` vs ``b``. ``allclose_excess`` is max(|b−a| − (atol + rtol·|a|)): ≤ 0 passes."""
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a64.shape != b64.shape:
+        raise ValueError(f"shape {b64.shape} differs from reference {a64.shape}")
+    nonfinite = _nonfinite(a64) + _nonfinite(b64)
+    if nonfinite:
+        return {"nonfinite": float(nonfinite)}
+    d = np.abs(b64 - a64)
+    na, nd = float(np.linalg.norm(a64)), float(np.linalg.norm(d))
+    rel = nd / na if na > 0 else (0.0 if nd == 0 else math.inf)
+    excess = float(np.max(d - (t.latent_atol + t.latent_rtol * np.abs(a64)))) if d.size else 0.0
+    return {"rel_l2": rel, "max_abs": float(d.max()) if d.size else 0.0, "allclose_excess": excess, "nonfinite": 0.0}
+
+
+def latent_passes(m: dict[str, float], t: Thresholds = DEFAULT_THRESHOLDS) -> list[str]:
+    """Failed criteria, as readable reasons (empty = pass)."""
+    if m["nonfinite"]:
+        return [f"{int(m['nonfinite'])} non-finite values"]
+    out = []
+    if not m["rel_l2"] <= t.latent_rel_l2:
+        out.append(f"rel_l2 {m['rel_l2']:.4g} > {t.latent_rel_l2}")
+    if not m["allclose_excess"] <= 0:
+        out.append(f"not allclose(atol={t.latent_atol}, rtol={t.latent_rtol}): worst excess {m['allclose_excess']:.4g}")
+    return out
+
+
+def to_unit_range(pixels: np.ndarray) -> np.ndarray:
+    return np.asarray(pixels, np.float64) / 127.5 - 1.0
+
+
+def pixel_metrics(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    """RMSE and max|Δ| of uint8 pixels mapped to [−1, 1]."""
+    if a.shape != b.shape:
+        raise ValueError(f"shape {b.shape} differs from reference {a.shape}")
+    fa, fb = to_unit_range(a), to_unit_range(b)
+    nonfinite = _nonfinite(fa) + _nonfinite(fb)  # uint8 never is; a float input might be
+    if nonfinite:
+        return {"nonfinite": float(nonfinite)}
+    d = fb - fa
+    return {
+        "rmse": float(np.sqrt(np.mean(d * d))) if d.size else 0.0,
+        "max_abs": float(np.abs(d).max()) if d.size else 0.0,
+        "nonfinite": 0.0,
+    }
+
+
+def pixel_passes(m: dict[str, float], t: Thresholds = DEFAULT_THRESHOLDS) -> list[str]:
+    if m["nonfinite"]:
+        return [f"{int(m['nonfinite'])} non-finite values"]
+    out = []
+    if not m["rmse"] <= t.pixel_rmse:
+        out.append(f"rmse {m['rmse']:.4g} > {t.pixel_rmse}")
+    if not m["max_abs"] <= t.pixel_max_abs:
+        out.append(f"max|Δ| {m['max_abs']:.4g} > {t.pixel_max_abs}")
+    return out
+
+
+# ---- the gate ------------------------------------------------------------------------------
+
+
+class FileResult(msgspec.Struct, frozen=True):
+    path: str  # relative to outputs/, or "hashes.jsonl[epoch E chunk C]"
+    passed: bool
+    metrics: dict[str, float] = {}
+    reasons: list[str] = []
+
+
+class GateResult(msgspec.Struct, frozen=True):
+    kind: str
+    run_a: str
+    run_b: str
+    passed: bool
+    #: One line: "pass: …" or "fail: …" with the first failures.
+    verdict: str
+    files: list[FileResult]
+    n_compared: int
+    n_failed: int
+    thresholds: Thresholds | None = None
+
+
+def _load(path: Path) -> np.ndarray:
+    return np.load(path, allow_pickle=False)
+
+
+def _compare_file(rel: str, pa: Path, pb: Path, kind: GateKind, t: Thresholds) -> FileResult:
+    what = _FILE_RE.match(rel).group(3)
+    try:
+        ba, bb = pa.read_bytes(), pb.read_bytes()
+        a, b = _load(pa), _load(pb)
+    except (OSError, ValueError) as e:
+        return FileResult(rel, False, reasons=[f"unreadable: {e}"])
+    want = np.float32 if what == "latent" else np.uint8
+    bad_type = [f"{side} dtype {x.dtype}, expected {np.dtype(want)}" for side, x in (("A", a), ("B", b)) if x.dtype != want]
+    if bad_type:
+        return FileResult(rel, False, reasons=bad_type)
+    if a.shape != b.shape:
+        return FileResult(rel, False, reasons=[f"shape {b.shape} differs from reference {a.shape}"])
+    m = latent_metrics(a, b, t) if what == "latent" else pixel_metrics(a, b)
+    reasons = latent_passes(m, t) if what == "latent" else pixel_passes(m, t)
+    if kind == "exact":
+        # Byte identity alone would let a NaN pass when both sides have it; the metrics above
+        # fail that case.
+        if ba != bb:
+            reasons.insert(0, "bytes differ")
+        elif m["nonfinite"] == 0:
+            reasons = []
+    return FileResult(rel, not reasons, m, reasons)
+
+
+def _hash_table(run: Path, side: str) -> tuple[dict[tuple[int, int], HashRecord], list[FileResult]]:
+    try:
+        records = read_hashes(run)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        return {}, [FileResult(HASHES_FILE, False, reasons=[f"run {side}: unreadable: {e}"])]
+    by_key: dict[tuple[int, int], HashRecord] = {}
+    faults = []
+    for r in records:
+        if r.key in by_key and by_key[r.key] != r:
+            faults.append(FileResult(f"{HASHES_FILE}[epoch {r.epoch} chunk {r.chunk}]", False, reasons=[f"run {side}: conflicting records"]))
+        by_key[r.key] = r
+    return by_key, faults
+
+
+def _compare_hashes(a: dict, b: dict, kind: GateKind) -> list[FileResult]:
+    if not a and not b:
+        return [FileResult(HASHES_FILE, False, reasons=["no hash records in either run"])]
+    out = []
+    for key in sorted(a.keys() | b.keys()):
+        name = f"{HASHES_FILE}[epoch {key[0]} chunk {key[1]}]"
+        if key not in a or key not in b:
+            out.append(FileResult(name, False, reasons=[f"missing in run {'A' if key not in a else 'B'}"]))
+        elif incomplete := [f"run {side}: no {w} hash" for side, r in (("A", a[key]), ("B", b[key]))
+                            for w in ("latent", "pixels") if getattr(r, f"{w}_sha256") is None]:
+            out.append(FileResult(name, False, reasons=incomplete))
+        elif kind == "exact" and (a[key].latent_sha256, a[key].pixels_sha256) != (b[key].latent_sha256, b[key].pixels_sha256):
+            out.append(FileResult(name, False, reasons=["hash differs"]))
+        else:
+            out.append(FileResult(name, True))
+    return out
+
+
+def _files_match_records(run: Path, side: str, files: set[str], records: dict) -> list[FileResult]:
+    """A saved file must hash to its own run's record: otherwise the exact comparison of unsaved
+    epochs (by hash only) would be comparing something other than what was saved."""
+    out = []
+    for rel in sorted(files):
+        epoch, chunk, what = _FILE_RE.match(rel).groups()
+        rec = records.get((int(epoch), int(chunk)))
+        if rec is None:
+            continue  # reported as a missing record by the cross-run comparison or below
+        try:
+            digest = array_sha256(_load(run / OUTPUTS_DIR / rel))
+        except (OSError, ValueError):
+            continue  # reported by the file comparison
+        if digest != getattr(rec, f"{what}_sha256"):
+            out.append(FileResult(rel, False, reasons=[f"run {side}: file does not match its hash record"]))
+    return out
+
+
+def gate(run_a: str | Path, run_b: str | Path, kind: GateKind = "threshold", thresholds: Thresholds = DEFAULT_THRESHOLDS) -> GateResult:
+    """Compare run B against reference run A, file by file (see the module docstring)."""
+    if kind not in ("exact", "threshold"):
+        raise ValueError(f"unknown gate kind {kind!r}")
+    run_a, run_b = Path(run_a), Path(run_b)
+    fa, fb = set(list_outputs(run_a)), set(list_outputs(run_b))
+    results: list[FileResult] = []
+    for rel in sorted(fa | fb):
+        if rel not in fa or rel not in fb:
+            results.append(FileResult(rel, False, reasons=[f"missing in run {'A' if rel not in fa else 'B'}"]))
+        else:
+            results.append(_compare_file(rel, run_a / OUTPUTS_DIR / rel, run_b / OUTPUTS_DIR / rel, kind, thresholds))
+    # A chunk saved without its partner is a broken writer even when both runs share the fault.
+    for rel in sorted(fa | fb):
+        partner = rel.replace(".latent.", ".pixels.") if ".latent." in rel else rel.replace(".pixels.", ".latent.")
+        if partner not in fa and partner not in fb:
+            results.append(FileResult(partner, False, reasons=["missing in both runs (its partner exists)"]))
+    if not fa and not fb:
+        results.append(FileResult(OUTPUTS_DIR, False, reasons=["no saved outputs in either run"]))
+    ha, fault_a = _hash_table(run_a, "A")
+    hb, fault_b = _hash_table(run_b, "B")
+    results += fault_a + fault_b
+    if not (fault_a and not ha) and not (fault_b and not hb):
+        results.extend(_compare_hashes(ha, hb, kind))
+    for run, side, files, table in ((run_a, "A", fa, ha), (run_b, "B", fb, hb)):
+        results.extend(_files_match_records(run, side, files, table))
+        missing = sorted({(int(m.group(1)), int(m.group(2))) for f in files if (m := _FILE_RE.match(f))} - table.keys())
+        if table and missing:
+            results.append(FileResult(HASHES_FILE, False, reasons=[f"run {side}: saved chunks without a record: {missing}"]))
+
+    failed = [r for r in results if not r.passed]
+    n_files = len(fa | fb)
+    if failed:
+        head = "; ".join(f"{r.path}: {', '.join(r.reasons)}" for r in failed[:3])
+        more = f" (+{len(failed) - 3} more)" if len(failed) > 3 else ""
+        verdict = f"fail: {len(failed)} of {len(results)} checks — {head}{more}"
+    else:
+        verdict = f"pass: {n_files} files and {len(results) - n_files} hash records {'identical' if kind == 'exact' else 'within threshold'}"
+    return GateResult(
+        kind, os.fspath(run_a), os.fspath(run_b), not failed, verdict, results, len(results), len(failed),
+        thresholds if kind == "threshold" else None,
+    )

@@ -1,0 +1,363 @@
+"""``summary.json``: the §4 figures of one run, with their definitions, sample counts and validity flags.
+
+Every duration is in milliseconds (float); a figure with no sample is ``null``, never 0. The shape
+is fixed (every key always present) so that reports and comparisons can rely on it; ``schema`` is
+bumped when it changes.
+
+Definitions used below:
+
+- ``fps_steady`` = total frames of the steady intervals / their total time (the rate a viewer
+  sees); ``fps_median`` = nearest-rank median of per-interval FPS (frames of chunk i / interval i).
+- Percentiles are nearest-rank (``stats``); ``p99_is_max`` is set when fewer than 100 samples
+  made P99 the maximum. ``*_ci_ms`` are session-bootstrap percentile intervals.
+- ``stages[*].share`` = the stage's mean over the sum of all stage means (segments tile
+  submit → delivered, so shares sum to 1 over the recorded ones); ``share_of_interval`` = the
+  stage's mean over the mean steady interval at the reference boundary (> 1 in total under
+  Case E, where stages overlap).
+- ``blocked`` covers every chunk of every measured session (cancelled ones included: the producer
+  really was blocked), not only the steady window.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import msgspec
+import numpy as np
+
+from harness.measure import metrics as M
+from harness.measure import stats as S
+from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, read_run, validate_events
+
+SCHEMA = 1
+SUMMARY_FILE = "summary.json"
+DEFAULT_REFERENCE = "cpu_ready"
+MAX_LISTED_VIOLATIONS = 20
+
+FLAG_EMPTY = "empty"
+FLAG_NO_MEASURED = "no_measured_sessions"
+FLAG_REFERENCE_ABSENT = "reference_boundary_absent"
+FLAG_TOO_FEW = "too_few_samples"
+FLAG_ONE_SESSION = "one_session_ci_degenerate"
+FLAG_MISSING = "missing_boundaries"
+FLAG_CANCELLED = "has_cancelled"
+FLAG_ORDER = "order_violations"
+FLAG_NO_STARTS = "no_session_starts"
+
+
+class Dist(msgspec.Struct, frozen=True):
+    n: int
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    p99_is_max: bool = False
+    min_ms: float | None = None
+    max_ms: float | None = None
+    mean_ms: float | None = None
+
+
+class BoundarySummary(msgspec.Struct, frozen=True):
+    intervals: Dist
+    n_sessions: int
+    expected: int
+    skipped_missing: int
+    skipped_nonpositive: int
+    p50_ci_ms: tuple[float, float] | None
+    p99_ci_ms: tuple[float, float] | None
+    fps_steady: float | None
+    fps_median: float | None
+
+
+class StageSummary(msgspec.Struct, frozen=True):
+    start: str
+    end: str
+    durations: Dist
+    skipped_missing: int
+    share: float | None
+    share_of_interval: float | None
+
+
+class GpuSummary(msgspec.Struct, frozen=True):
+    n: int
+    p50_ms: float
+    mean_ms: float
+    max_ms: float
+
+
+class BlockedSummary(msgspec.Struct, frozen=True):
+    total_ms: float
+    max_ms: float
+    mean_ms_per_chunk: float
+    chunks: int
+    chunks_blocked: int
+
+
+class RolloutSummary(msgspec.Struct, frozen=True):
+    time: Dist
+    fps_median: float | None
+    frames_per_session: int | None
+
+
+class BootstrapDef(msgspec.Struct, frozen=True):
+    n_boot: int
+    seed: int
+    confidence: float
+    method: str
+
+
+class WindowDef(msgspec.Struct, frozen=True):
+    first_chunk: int
+    last_chunk: int
+    warmup_epochs: int
+    reference_boundary: str
+    definition: str
+    percentile_rule: str
+    bootstrap: BootstrapDef
+
+
+class Counts(msgspec.Struct, frozen=True):
+    events: int
+    sessions_total: int
+    sessions_warmup: int
+    sessions_measured: int
+    sessions_cancelled: int
+    #: Measured, non-cancelled sessions that gave at least one steady interval at the reference.
+    sessions_steady: int
+    steady_intervals: int
+
+
+class Headline(msgspec.Struct, frozen=True):
+    """The reference boundary's figures, for the first line of a report."""
+
+    boundary: str
+    fps_steady: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+    p99_is_max: bool
+    ttfc_p50_ms: float | None
+    n: int
+
+
+class Summary(msgspec.Struct, frozen=True):
+    schema: int
+    valid: bool
+    flags: list[str]
+    headline: Headline
+    window: WindowDef
+    counts: Counts
+    boundaries: dict[str, BoundarySummary]
+    ttfc: dict[str, Dist]
+    rollout: RolloutSummary
+    handoff: Dist
+    stages: dict[str, StageSummary]
+    gpu_ms: dict[str, GpuSummary]
+    blocked: dict[str, BlockedSummary]
+    absent_boundaries: list[str]
+    order_violations: int
+    violations: list[str]
+
+
+# ---- small pure pieces ---------------------------------------------------------------------
+
+
+def ms(ns: float | None) -> float | None:
+    return None if ns is None else float(ns) / 1e6
+
+
+def dist(values_ns: Sequence[int] | np.ndarray) -> Dist:
+    v = np.asarray(values_ns, dtype=np.float64)
+    if v.size == 0:
+        return Dist(0)
+    p99 = S.percentile(v, 99)
+    return Dist(
+        n=int(v.size),
+        p50_ms=ms(S.nearest_rank(v, 50)),
+        p99_ms=ms(p99.value),
+        p99_is_max=p99.flagged,
+        min_ms=ms(v.min()),
+        max_ms=ms(v.max()),
+        mean_ms=ms(v.mean()),
+    )
+
+
+def _ci_ms(per_session: list[list[int]], p: float, boot: BootstrapDef, block_length: int | None) -> tuple[float, float] | None:
+    if not per_session or boot.n_boot <= 0:
+        return None
+    e = S.bootstrap_percentile(per_session, p, n_boot=boot.n_boot, seed=boot.seed, confidence=boot.confidence, block_length=block_length)
+    return (ms(e.low), ms(e.high))
+
+
+def boundary_summary(sel: M.Selection, boot: BootstrapDef, block_length: int | None) -> BoundarySummary:
+    per_session = sel.per_session()
+    fps = M.fps_values(sel.samples)
+    return BoundarySummary(
+        intervals=dist(sel.ns()),
+        n_sessions=len(per_session),
+        expected=sel.expected,
+        skipped_missing=sel.skipped_missing,
+        skipped_nonpositive=sel.skipped_nonpositive,
+        p50_ci_ms=_ci_ms(per_session, 50, boot, block_length),
+        p99_ci_ms=_ci_ms(per_session, 99, boot, block_length),
+        fps_steady=M.steady_fps(sel.samples),
+        fps_median=S.nearest_rank(fps, 50) if fps.size else None,
+    )
+
+
+def stage_summaries(stages: dict[str, M.Selection], interval_mean_ms: float | None) -> dict[str, StageSummary]:
+    dists = {name: dist(sel.ns()) for name, sel in stages.items()}
+    shares = M.stage_shares({n: d.mean_ms for n, d in dists.items() if d.n})
+    out = {}
+    for name, start, end in M.SEGMENTS:
+        d = dists[name]
+        of_interval = d.mean_ms / interval_mean_ms if d.n and interval_mean_ms else None
+        out[name] = StageSummary(start, end, d, stages[name].skipped_missing, shares.get(name), of_interval)
+    return out
+
+
+def gpu_summaries(gpu: dict[str, list[float]]) -> dict[str, GpuSummary]:
+    return {
+        k: GpuSummary(len(v), S.nearest_rank(v, 50), float(np.mean(v)), float(np.max(v))) for k, v in gpu.items() if v
+    }
+
+
+def blocked_summaries(blocked: dict[str, M.Blocked]) -> dict[str, BlockedSummary]:
+    return {
+        k: BlockedSummary(ms(b.total_ns), ms(b.max_ns), ms(b.total_ns / b.chunks), b.chunks, b.chunks_blocked)
+        for k, b in blocked.items()
+    }
+
+
+def rollout_summary(per: M.PerSession) -> RolloutSummary:
+    rolls = list(per.values.values())
+    if not rolls:
+        return RolloutSummary(Dist(0), None, None)
+    frames = {r.frames for r in rolls}
+    return RolloutSummary(
+        time=dist([r.ns for r in rolls]),
+        fps_median=S.nearest_rank([r.fps for r in rolls], 50),
+        frames_per_session=frames.pop() if len(frames) == 1 else None,
+    )
+
+
+# ---- the summary ---------------------------------------------------------------------------
+
+
+def build_summary(
+    events: Sequence[ChunkEvent],
+    sessions: Sequence[SessionStart] = (),
+    *,
+    window: M.Window = M.DEFAULT_WINDOW,
+    reference: str = DEFAULT_REFERENCE,
+    n_boot: int = S.DEFAULT_BOOT,
+    seed: int = S.DEFAULT_SEED,
+    confidence: float = S.DEFAULT_CONFIDENCE,
+    block_length: int | None = None,
+) -> Summary:
+    if reference not in BOUNDARIES:
+        raise KeyError(f"unknown reference boundary {reference!r}")
+    events, sessions = list(events), list(sessions)
+    violations = validate_events(events, sessions)
+    # A duplicated chunk cannot be measured without picking one copy; keep the first, and the
+    # violation (and flag) says so.
+    seen, unique = set(), []
+    for e in events:
+        if e.key not in seen:
+            seen.add(e.key)
+            unique.append(e)
+    events = unique
+
+    boot = BootstrapDef(n_boot, seed, confidence, S.bootstrap_method(block_length))
+    seen_b = M.boundaries_seen(events)
+    boundaries = {b: boundary_summary(M.steady_intervals(events, b, window, sessions), boot, block_length) for b in seen_b}
+    ref = boundaries.get(reference)
+    stages = stage_summaries(M.steady_stages(events, window, sessions), ref.intervals.mean_ms if ref else None)
+    steady, _, _ = M.steady_chunks(events, sessions, window)
+
+    all_keys = {(e.session, e.epoch) for e in events} | {s.key for s in sessions}
+    measured = {k for k in all_keys if window.measured(k[1])}
+    cancelled = M.cancelled_keys(events, sessions)
+    counts = Counts(
+        events=len(events),
+        sessions_total=len(all_keys),
+        sessions_warmup=len(all_keys) - len(measured),
+        sessions_measured=len(measured),
+        sessions_cancelled=len(measured & cancelled),
+        sessions_steady=ref.n_sessions if ref else 0,
+        steady_intervals=ref.intervals.n if ref else 0,
+    )
+    ttfc = {b: dist(M.ttfc(events, sessions, b, window).ns()) for b in seen_b} if sessions else {}
+
+    flags = set()
+    if not events:
+        flags.add(FLAG_EMPTY)
+    if not measured - cancelled:
+        flags.add(FLAG_NO_MEASURED)
+    if events and reference not in seen_b:
+        flags.add(FLAG_REFERENCE_ABSENT)
+    if counts.steady_intervals < S.min_samples(99):
+        flags.add(FLAG_TOO_FEW)
+    if counts.sessions_steady == 1:
+        flags.add(FLAG_ONE_SESSION)
+    if any(s.skipped_missing for s in boundaries.values()):
+        flags.add(FLAG_MISSING)
+    if cancelled:
+        flags.add(FLAG_CANCELLED)
+    if violations:
+        flags.add(FLAG_ORDER)
+    if events and not sessions:
+        flags.add(FLAG_NO_STARTS)
+    # Invalid: nothing to report at the reference, or the table contradicts itself. Few samples,
+    # cancellations and absent starts are reported, not disqualifying.
+    valid = not flags & {FLAG_EMPTY, FLAG_NO_MEASURED, FLAG_REFERENCE_ABSENT, FLAG_ORDER} and counts.steady_intervals > 0
+
+    headline = Headline(
+        boundary=reference,
+        fps_steady=ref.fps_steady if ref else None,
+        p50_ms=ref.intervals.p50_ms if ref else None,
+        p99_ms=ref.intervals.p99_ms if ref else None,
+        p99_is_max=ref.intervals.p99_is_max if ref else False,
+        ttfc_p50_ms=ttfc[reference].p50_ms if reference in ttfc else None,
+        n=counts.steady_intervals,
+    )
+    return Summary(
+        schema=SCHEMA,
+        valid=valid,
+        flags=sorted(flags),
+        headline=headline,
+        window=WindowDef(
+            window.first_chunk, window.last_chunk, window.warmup_epochs, reference, window.describe(),
+            "nearest-rank: P_p is the ceil(p*n/100)-th smallest sample; P99 with n < 100 is the maximum (p99_is_max)",
+            boot,
+        ),
+        counts=counts,
+        boundaries=boundaries,
+        ttfc=ttfc,
+        rollout=rollout_summary(M.rollouts(events, sessions, reference, window)) if sessions else RolloutSummary(Dist(0), None, None),
+        handoff=dist(M.handoffs(events, window, sessions).ns()),
+        stages=stages,
+        gpu_ms=gpu_summaries(M.gpu_times(steady)),
+        blocked=blocked_summaries(M.blocked_time(M.measured_chunks(events, sessions, window))),
+        absent_boundaries=[b for b in BOUNDARIES if b not in seen_b],
+        order_violations=len(violations),
+        violations=violations[:MAX_LISTED_VIOLATIONS],
+    )
+
+
+def summary_to_dict(summary: Summary) -> dict:
+    return msgspec.to_builtins(summary)
+
+
+def write_summary(path: str | Path, summary: Summary) -> None:
+    Path(path).write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=2) + b"\n")
+
+
+def read_summary(path: str | Path) -> Summary:
+    return msgspec.json.decode(Path(path).read_bytes(), type=Summary)
+
+
+def summarize_run(run_dir: str | Path, **kw) -> Summary:
+    """Read ``events.jsonl`` (+ ``sessions.jsonl``) of a run and write its ``summary.json``."""
+    events, sessions = read_run(run_dir, tolerate_partial_tail=True)
+    summary = build_summary(events, sessions, **kw)
+    write_summary(Path(run_dir) / SUMMARY_FILE, summary)
+    return summary

@@ -1,0 +1,305 @@
+"""The encoder stage: uint8 RGB chunks (T, H, W, 3) in, lossless FFV1 (level 3) in Matroska out,
+written into a sink. One interface, a registry of backends:
+
+- ``pyav``: libavcodec's FFV1 in-process through PyAV, muxed by ``mkv.MatroskaWriter`` — one
+  Cluster per chunk, written and committed when ``encode`` returns, timestamps exact at 1/fps.
+- ``ffmpeg``: an ffmpeg subprocess (ffmpeg-python building the command line, the imageio-ffmpeg
+  binary running it), rawvideo rgb24 on stdin, FFV1/Matroska on stdout relayed into the sink by a
+  thread. Its muxer is libavformat's: frame times are rounded to 1 ms, and it holds each chunk's
+  last frame until the next packet arrives, so a chunk is committed to the sink only when the next
+  chunk starts (or at close) — ``exact_chunk_boundaries`` is False and ``ChunkEncoded`` says so.
+
+Pixel format: the codec is fed ``bgr0`` (packed B, G, R, pad). It is the only 8-bit RGB layout
+FFV1 accepts (``gbrp`` starts at 9 bits); FFV1 codes it with its reversible colour transform, and
+rgb24 ↔ bgr0 is a byte shuffle, so decoding back to rgb24 returns the input bytes exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from abc import ABC, abstractmethod
+from fractions import Fraction
+from typing import ClassVar
+
+import msgspec
+import numpy as np
+
+from harness.errors import HarnessError
+from harness.pipeline.mkv import BlockCounter, MatroskaWriter
+from harness.pipeline.sinks import Sink
+
+PIX_FMT = "bgr0"
+
+
+def default_slices(threads: int) -> int:
+    """FFV1 threads work per slice and the encoder's own default is 4 slices (2×2) whatever
+    the thread count; give it the smallest legal layout (v×h, v ≤ h < 2v) with a slice per
+    thread. More slices cost a little compression (contexts restart per slice)."""
+    legal = sorted(v * h for v in range(2, 7) for h in range(v, 2 * v))
+    return next((n for n in legal if n >= threads), legal[-1])
+
+
+class ChunkEncoded(msgspec.Struct, frozen=True):
+    """What ``encode`` did for one chunk. ``delivered_ns`` is the sink's acceptance time when the
+    chunk was already committed on return (always for ``pyav``); otherwise None and the sink's
+    ``records`` get it later."""
+    chunk: int
+    frames: int
+    first_frame: int  # index (= pts at 1/fps) of the chunk's first frame in the file
+    packets: int
+    bytes: int  # container bytes that reached the sink during this call (chunk 0: header too)
+    encoded_ns: int  # all the chunk's FFV1 packets exist
+    delivered_ns: int | None
+
+
+class Encoder(ABC):
+    name: ClassVar[str]
+    exact_chunk_boundaries: ClassVar[bool]
+
+    def __init__(self, width: int, height: int, fps: int = 16, threads: int = 1, **options) -> None:
+        if width <= 0 or height <= 0 or fps <= 0:
+            raise HarnessError(f"bad encoder geometry {width}x{height} at {fps} fps")
+        self.width, self.height, self.fps = width, height, fps
+        self.threads = threads if threads > 0 else (os.cpu_count() or 1)
+        options.setdefault("slices", default_slices(self.threads))
+        self.options = {k: str(v) for k, v in options.items()}
+        self.sink: Sink | None = None
+        self.frames_in = 0
+        self.chunks = 0
+        self._closed = False
+
+    def _check(self, frames: np.ndarray) -> np.ndarray:
+        if self.sink is None:
+            raise RuntimeError(f"{self.name} encoder is not open")
+        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[1:] != (self.height, self.width, 3):
+            raise HarnessError(f"encoder expects uint8 (T, {self.height}, {self.width}, 3), "
+                               f"got {frames.dtype} {tuple(frames.shape)}")
+        return frames
+
+    @abstractmethod
+    def open(self, sink: Sink) -> None: ...
+
+    @abstractmethod
+    def encode(self, frames: np.ndarray, chunk: int | None = None) -> ChunkEncoded: ...
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush, finalise the container. The sink stays open: whoever opened it closes it."""
+
+    def abort(self) -> None:
+        """Stop without finalising (cancel): the output is incomplete; abort the sink too."""
+        self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *_):
+        self.abort() if exc_type else self.close()
+
+
+class PyavEncoder(Encoder):
+    name = "pyav"
+    exact_chunk_boundaries = True
+
+    def open(self, sink: Sink) -> None:
+        import av  # heavy import kept off module load
+
+        cc = av.CodecContext.create("ffv1", "w")
+        cc.width, cc.height, cc.pix_fmt = self.width, self.height, PIX_FMT
+        cc.time_base = Fraction(1, self.fps)
+        cc.framerate = Fraction(self.fps)
+        cc.thread_type = "SLICE"  # FFV1 has only slice threads; no frame delay
+        cc.thread_count = self.threads
+        cc.options = {"level": "3", **self.options}
+        cc.open()
+        self._cc, self._av = cc, av
+        self.sink = sink
+        self._mkv = MatroskaWriter(sink, codec_id="V_FFV1", codec_private=bytes(cc.extradata or b""),
+                                   width=self.width, height=self.height, fps=self.fps)
+        self._mkv.write_header()
+        self._committed = 0
+
+    def _frame(self, rgb: np.ndarray):
+        # Shuffle straight into the codec frame's plane: no swscale pass, no intermediate array.
+        vf = self._av.VideoFrame(self.width, self.height, PIX_FMT)
+        plane = vf.planes[0]
+        dst = np.frombuffer(plane, np.uint8).reshape(self.height, plane.line_size)[:, :self.width * 4]
+        dst = dst.reshape(self.height, self.width, 4)
+        dst[..., 0], dst[..., 1], dst[..., 2], dst[..., 3] = rgb[..., 2], rgb[..., 1], rgb[..., 0], 0
+        return vf
+
+    def encode(self, frames: np.ndarray, chunk: int | None = None) -> ChunkEncoded:
+        frames = self._check(frames)
+        chunk = self.chunks if chunk is None else chunk
+        first = self.frames_in
+        packets = []
+        for rgb in frames:
+            vf = self._frame(rgb)
+            vf.pts = self.frames_in
+            packets += self._cc.encode(vf)
+            self.frames_in += 1
+        if len(packets) != len(frames):
+            # An encoder with delay would make the chunk boundary a lie; FFV1 has none.
+            raise HarnessError(f"ffv1 returned {len(packets)} packets for {len(frames)} frames")
+        encoded = time.monotonic_ns()
+        self._mkv.write_cluster(packets, first_frame=first)
+        delivered = self.sink.commit(chunk, len(frames))
+        nbytes, self._committed = self._mkv.bytes_written - self._committed, self._mkv.bytes_written
+        self.chunks += 1
+        return ChunkEncoded(chunk, len(frames), first, len(packets), nbytes, encoded, delivered)
+
+    def close(self) -> None:
+        if self.sink is None or self._closed:
+            return
+        self._closed = True
+        tail = self._cc.encode(None)
+        if tail:
+            raise HarnessError(f"ffv1 held back {len(tail)} packets")
+        self._mkv.finish()
+        self.sink.flush()
+
+
+class FfmpegEncoder(Encoder):
+    name = "ffmpeg"
+    exact_chunk_boundaries = False
+
+    def open(self, sink: Sink) -> None:
+        import ffmpeg
+        import imageio_ffmpeg
+
+        out_opts = {"format": "matroska", "vcodec": "ffv1", "level": 3, "pix_fmt": PIX_FMT,
+                    "threads": self.threads, "fps_mode": "passthrough", "flush_packets": 1,
+                    "cluster_size_limit": 1, **self.options}
+        cmd = (ffmpeg.input("pipe:0", format="rawvideo", pix_fmt="rgb24", s=f"{self.width}x{self.height}",
+                            framerate=self.fps)
+               .output("pipe:1", **out_opts)
+               .global_args("-hide_banner", "-nostats", "-loglevel", "error")
+               .compile(cmd=imageio_ffmpeg.get_ffmpeg_exe()))
+        self.cmd = cmd
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, bufsize=0)
+        self.sink = sink
+        self._counter = BlockCounter()
+        self._cv = threading.Condition()
+        self._pending: list[tuple[int, int, int]] = []  # (chunk, frames, cumulative frames at its end)
+        self._relay_error: BaseException | None = None
+        self._eof = False
+        self._stderr = bytearray()
+        self._relay = threading.Thread(target=self._relay_stdout, name="ffmpeg-relay", daemon=True)
+        self._errt = threading.Thread(target=self._drain_stderr, name="ffmpeg-stderr", daemon=True)
+        self._relay.start()
+        self._errt.start()
+
+    def _relay_stdout(self) -> None:
+        fd = self.proc.stdout.fileno()
+        try:
+            while True:
+                data = os.read(fd, 1 << 20)
+                if not data:
+                    break
+                self.sink.write(data)
+                if self._counter.feed(data):
+                    self._commit_ready()
+        except BaseException as e:  # surfaced to the caller by encode()/close()
+            self._relay_error = e
+            # Nobody drains stdout any more: stop ffmpeg so a blocked stdin write fails fast.
+            self.proc.kill()
+        finally:
+            with self._cv:
+                self._eof = True
+                self._cv.notify_all()
+
+    def _commit_ready(self) -> None:
+        with self._cv:
+            while self._pending and self._counter.blocks >= self._pending[0][2]:
+                chunk, frames, _ = self._pending.pop(0)
+                self.sink.commit(chunk, frames)
+            self._cv.notify_all()
+
+    def _drain_stderr(self) -> None:
+        for line in iter(self.proc.stderr.readline, b""):
+            self._stderr += line
+            del self._stderr[:-8192]
+
+    def _fail(self, what: str) -> HarnessError:
+        tail = self._stderr.decode(errors="replace").strip().splitlines()
+        why = tail[-1] if tail else (repr(self._relay_error) if self._relay_error else f"exit {self.proc.poll()}")
+        return HarnessError(f"ffmpeg encoder {what}: {why}")
+
+    def encode(self, frames: np.ndarray, chunk: int | None = None, timeout: float = 600.0) -> ChunkEncoded:
+        frames = np.ascontiguousarray(self._check(frames))
+        chunk = self.chunks if chunk is None else chunk
+        first = self.frames_in
+        before = self.sink.bytes_written
+        with self._cv:
+            self._pending.append((chunk, len(frames), first + len(frames)))
+        try:
+            self.proc.stdin.write(memoryview(frames).cast("B"))  # blocks while ffmpeg lags: backpressure
+        except (BrokenPipeError, OSError):
+            raise self._fail("died") from None
+        self.frames_in += len(frames)
+        self.chunks += 1
+        # libavformat's Matroska muxer emits frame k only once frame k+1 arrives, so the most we
+        # can wait for is all but the chunk's last frame.
+        want = self.frames_in - 1
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while self._counter.blocks < want:
+                if self._eof or self._relay_error is not None:
+                    raise self._fail("stopped")
+                if not self._cv.wait(timeout=min(1.0, max(0.0, deadline - time.monotonic()))):
+                    if time.monotonic() >= deadline:
+                        raise self._fail(f"timed out after {timeout:.0f}s")
+                    if self.proc.poll() not in (None, 0):
+                        raise self._fail("died")
+        encoded = time.monotonic_ns()
+        done = next((r.accepted_ns for r in reversed(self.sink.records) if r.chunk == chunk), None)
+        return ChunkEncoded(chunk, len(frames), first, len(frames), self.sink.bytes_written - before,
+                            encoded, done)
+
+    def close(self, timeout: float = 60.0) -> None:
+        if self.sink is None or self._closed:
+            return
+        self._closed = True
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise self._fail(f"did not finish within {timeout:.0f}s") from None
+        self._relay.join()
+        self._errt.join()
+        if rc != 0 or self._relay_error is not None:
+            raise self._fail("failed")
+        if self._pending:
+            raise HarnessError(f"ffmpeg encoder emitted {self._counter.blocks} of {self.frames_in} frames")
+        self.sink.flush()
+
+    def abort(self) -> None:
+        if self.sink is None or self._closed:
+            return
+        self._closed = True
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._relay.join()
+        self._errt.join()
+
+
+ENCODERS: dict[str, type[Encoder]] = {c.name: c for c in (PyavEncoder, FfmpegEncoder)}
+
+
+def make_encoder(name: str, width: int, height: int, fps: int = 16, threads: int = 1, **options) -> Encoder:
+    """``options`` are FFV1 encoder options passed through (e.g. ``slices=4``, ``context=1``)."""
+    try:
+        cls = ENCODERS[name]
+    except KeyError:
+        raise HarnessError(f"unknown encoder {name!r} (known: {', '.join(sorted(ENCODERS))})") from None
+    return cls(width, height, fps, threads, **options)
