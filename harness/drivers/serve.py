@@ -51,7 +51,11 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
     from harness.candidates import configure
     from harness.pipeline.ring import FrameRing
 
+    from harness.hooks import parse_hooks
+
     cfg = configure(opts.candidates, cfg)  # refuses unknown/conflicting/inapplicable ids before anything starts
+    hookset = parse_hooks(opts.hooks)
+    opts = ServeOptions(**{**opts.__dict__, "hooks": hookset.items()})
     run_dir = new_run_dir(opts.out, cfg.name)
     prefix = f"harness-{os.getpid()}-{secrets.token_hex(3)}"
     ring = FrameRing.create(prefix, cfg.runtime.ring_slots, ring_slot_bytes(cfg))
@@ -121,6 +125,10 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
     if error:
         summary["error"] = error
     summary["hooks"] = list(opts.hooks)
+    if "trace" in opts.hooks and events:
+        from harness.hooks.trace import write_trace
+
+        write_trace(events, run_dir / "trace.json")
     summary["candidates"] = list(opts.candidates)
     summary["probes"] = probes
     summary["sessions_completed"] = len(results)

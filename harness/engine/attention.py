@@ -73,16 +73,54 @@ def gather_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_ids: Tenso
     return _shd(attend(_bhsd(q), _bhsd(k), _bhsd(v)))
 
 
-def _partial(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """Attention of q over one group of K/V and the log-sum-exp of its scores (1, H, Sq)."""
-    if q.device.type == "cuda":
-        o, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)
-        return o, lse[..., : q.shape[-2]]
-    if q.device.type == "cpu":
-        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
+def _lse(lse: Tensor, q: Tensor) -> Tensor:
+    # kernels pad or add a trailing unit dim to the LSE; keep (B, H, Sq)
+    return lse.reshape(q.shape[0], q.shape[1], -1)[..., : q.shape[2]]
+
+
+def _partial_math(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
     lse = s.logsumexp(-1)
     return torch.matmul(torch.exp(s - lse[..., None]), v.float()), lse
+
+
+def _partial_cpu(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
+    return o, _lse(lse, q)
+
+
+def _partial_flash(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    o, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[:2]
+    return o, _lse(lse, q)
+
+
+def _partial_cudnn(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    o, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True)[:2]
+    return o, _lse(lse, q)
+
+
+def _partial_efficient(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    o, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True)[:2]
+    return o, _lse(lse, q)
+
+
+#: Kernels that return the attention output *and* its log-sum-exp, which the paged merge needs.
+PARTIALS = {"math": _partial_math, "cpu": _partial_cpu, "flash": _partial_flash, "cudnn": _partial_cudnn,
+            "efficient": _partial_efficient}
+
+
+def _partial(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Attention of q over one group of K/V and the LSE (1, H, Sq) of its scores."""
+    if q.device.type == "cuda":
+        half = q.dtype in (torch.float16, torch.bfloat16)
+        return (PARTIALS[PAGED_PARTIAL_CUDA] if half else _partial_efficient)(q, k, v)
+    if q.device.type == "cpu":
+        return _partial_cpu(q, k, v)
+    return _partial_math(q, k, v)
+
+
+#: Which LSE-returning kernel the paged path uses for bf16/fp16 on CUDA (fp32 has only "efficient").
+PAGED_PARTIAL_CUDA = "flash"
 
 
 def paged_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_ids: Tensor, *, attend: DenseFn,

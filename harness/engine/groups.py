@@ -8,6 +8,7 @@ case, where every collective is skipped rather than run on a group of one.
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import traceback
 from dataclasses import dataclass
@@ -48,7 +49,9 @@ def _worker(rank: int, world: int, port: int, backend: str, fn: Callable, args: 
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         group = RankGroup(rank, world, dist.group.WORLD) if world > 1 else RankGroup.single()
-        out.put((rank, "ok", fn(group, *args)))
+        # Plain pickle, not the queue's ForkingPickler: that one passes tensors as shared-memory
+        # file descriptors, which vanish if this process exits before the parent reads them.
+        out.put((rank, "ok", pickle.dumps(fn(group, *args))))
     except BaseException:  # surfaced to the parent, which re-raises
         out.put((rank, "error", traceback.format_exc()))
     finally:
@@ -72,7 +75,7 @@ def run_ranks(fn: Callable[..., Any], world: int, *args: Any, backend: str = "gl
             rank, status, value = out.get(timeout=timeout_s)
             if status == "error":
                 raise RuntimeError(f"rank {rank} failed:\n{value}")
-            results[rank] = value
+            results[rank] = pickle.loads(value)
     finally:
         for p in procs:
             p.join(timeout=10)

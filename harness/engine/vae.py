@@ -190,8 +190,11 @@ class Resample(nn.Module):
             raise ValueError(f"unknown resample mode {mode!r}")
 
     def forward(self, x, cache: CausalCache, width: WidthOps = LOCAL):
+        # Wan's "Rep" rule: the session's first latent frame is the conditioning image and stays
+        # one frame, so it skips the temporal ×2; later frames see zeros as its history, which is
+        # what an empty cache slot already means.
         if self.mode == "upsample3d" and not cache.first:
-            # The time_conv emits both output phases as channel halves; interleave them in time.
+            # the time_conv emits both output phases as channel halves; interleave them in time
             b, c, t, h, w = x.shape
             x = self.time_conv(x, cache, width).view(b, 2, c, t, h, w)
             x = x.permute(0, 2, 3, 1, 4, 5).reshape(b, c, t * 2, h, w)

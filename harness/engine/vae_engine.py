@@ -6,7 +6,7 @@ width strip with the session's causal cache (per strip) and rank 0 gathers the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ class VaeSession:
     cache: CausalCache | None
     chunks: int = 0  # chunks decoded so far
     frames: int = 0  # pixel frames produced so far
-    closed: bool = field(default=False)
+    closed: bool = False
 
 
 class VaeEngine:

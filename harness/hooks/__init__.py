@@ -144,6 +144,15 @@ class ActiveHooks:
         return self.out_dir / (f"{stem}.{self.label}.{ext}" if self.label else f"{stem}.{ext}")
 
     def __enter__(self) -> "ActiveHooks":
+        self._open = True
+        try:
+            self._start()
+        except BaseException:
+            self.close()  # nothing half-on: a failed start switches off what it switched on
+            raise
+        return self
+
+    def _start(self) -> None:
         h = self.hooks
         if h.nvtx:
             from harness.hooks import nvtx_ranges
@@ -159,10 +168,9 @@ class ActiveHooks:
             from harness.hooks.dispatch import DispatchRecorder
 
             path = self._name("dispatch", "jsonl") if h.dispatch == "full" else None
-            self.recorder = DispatchRecorder(path, process=self.label)
-            self.recorder.__enter__()
-        self._open = True
-        return self
+            recorder = DispatchRecorder(path, process=self.label)
+            recorder.__enter__()
+            self.recorder = recorder
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -118,6 +118,7 @@ class DispatchRecorder(TorchDispatchMode):
         self._agg: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])  # (phase key…, cat) → [flops, calls]
         self._by_op: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         self._sdpa_depth = 0
+        self.formula_errors: dict[str, str] = {}  # op → first error; its calls count 0 FLOPs
         self._fmode: _SdpaExtent | None = None
         self._entered = False
         self.calls = 0
@@ -165,7 +166,12 @@ class DispatchRecorder(TorchDispatchMode):
 
     def _record(self, func, args, kwargs, out) -> None:
         name, kind, formula = self._op(func)
-        flops = formula(args, kwargs) if formula is not None else 0
+        flops = 0
+        if formula is not None:
+            try:
+                flops = formula(args, kwargs)
+            except (ValueError, IndexError, TypeError) as e:  # an unforeseen signature must not kill the run
+                self.formula_errors.setdefault(name, f"{type(e).__name__}: {e}")
         ph = context.current()
         in_sdpa = self._sdpa_depth > 0
         cat = categorize(kind, role=ph.role, stage=ph.stage, in_sdpa=in_sdpa)
@@ -259,6 +265,7 @@ class DispatchRecorder(TorchDispatchMode):
             "by_category": self.flops_by_category(),
             "by_op": {k: {"flops": v[0], "calls": v[1]} for k, v in sorted(self._by_op.items(), key=lambda kv: (-kv[1][0], -kv[1][1]))},
             "group_by": list(fields),
+            "formula_errors": dict(self.formula_errors),
             "phases": phase_rows,
         }
 

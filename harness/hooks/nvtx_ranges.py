@@ -59,7 +59,12 @@ class NvtxBackend:
     that path costs ~0.1 µs a range, the module-level ``nvtx.push_range`` ~0.5 µs."""
 
     def __init__(self, domain: str = DOMAIN):
-        import nvtx
+        try:
+            import nvtx
+        except ImportError:
+            from harness.errors import HarnessError
+
+            raise HarnessError("the nvtx hook needs the 'nvtx' package (pip install nvtx)") from None
 
         self._domain = nvtx.get_domain(domain)
         self._attrs: dict[tuple[str, str], Any] = {}

@@ -149,3 +149,14 @@ class GpuTimer:
         out = {k: a.elapsed_time(b) for k, (a, b) in self._marks.items() if b is not None}
         self._marks.clear()
         return out
+
+
+def write_hook_report(spec: WorkerSpec, hooks) -> None:
+    """What this process's hooks actually did, next to the run's other files."""
+    if not spec.hooks or not spec.run_dir:
+        return
+    import json
+    from pathlib import Path
+
+    path = Path(spec.run_dir) / f"hooks.{spec.role}{spec.rank}.json"
+    path.write_text(json.dumps(hooks.report(), indent=1))

@@ -12,10 +12,12 @@ import traceback
 import numpy as np
 import torch
 
+from harness.hooks import activate
+from harness.hooks import context as hctx
 from harness.pipeline import messages as M
 from harness.workers.common import (
     GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, now, process_setup,
-    shutdown_groups, synchronize,
+    shutdown_groups, synchronize, write_hook_report,
 )
 
 
@@ -37,8 +39,7 @@ def main(spec: WorkerSpec, conn) -> None:
 
 def _serve(spec: WorkerSpec, conn) -> None:
     from harness.candidates import apply_candidates
-    from harness.engine.dit_engine import DitEngine, SessionConditions
-    from harness.engine.image import conditioning_image_latent
+    from harness.engine.dit_engine import DitEngine
 
     group = init_groups(spec)
     device = torch.device(spec.device)
@@ -50,13 +51,27 @@ def _serve(spec: WorkerSpec, conn) -> None:
     M.send(conn, M.Ready(role="dit", rank=spec.rank, device=str(device), device_name=device_name(device),
                          info={"candidates": ",".join(applied)}))
     sessions: dict[int, object] = {}
+    epochs: dict[int, int] = {}
+    hooks = activate(spec.hooks, out_dir=spec.run_dir, label=f"dit{spec.rank}")
+    try:
+        with hooks:
+            _loop(spec, conn, engine, sessions, epochs, timer, lead, cfg, device)
+    finally:
+        write_hook_report(spec, hooks)  # after exit: the recorder's totals exist only then
+
+
+def _loop(spec, conn, engine, sessions, epochs, timer, lead, cfg, device) -> None:
+    from harness.engine.dit_engine import SessionConditions
+    from harness.engine.image import conditioning_image_latent
+
     while True:
         msg = M.recv(conn)
         if isinstance(msg, M.GenerateChunk):
             maybe_fault(spec, msg.chunk)
             t0 = now()
             timer.start("dit")
-            latent = engine.generate_chunk(sessions[msg.session], msg.actions)
+            with hctx.phase(session=msg.session, epoch=epochs.get(msg.session), chunk=msg.chunk, stage="dit"):
+                latent = engine.generate_chunk(sessions[msg.session], msg.actions)
             timer.stop("dit")
             host = latent.detach().to("cpu", torch.float32).numpy()  # synchronises with the device
             synchronize(device)
@@ -65,6 +80,7 @@ def _serve(spec: WorkerSpec, conn) -> None:
                 M.send(conn, M.LatentReady(session=msg.session, chunk=msg.chunk, latent=M.Tensor.of(np.ascontiguousarray(host)),
                                            dit_start=t0, dit_end=t1, gpu_ms=timer.collect()))
         elif isinstance(msg, M.StartSession):
+            epochs[msg.session] = msg.epoch
             image = conditioning_image_latent(cfg, msg.image_seed, device) if msg.image_seed is not None else None
             sessions[msg.session] = engine.start_session(SessionConditions(prompt=msg.prompt, seed=msg.seed, image_latent=image))
         elif isinstance(msg, M.EndSession):

@@ -15,6 +15,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from harness.hooks import context as hctx
 from harness.pipeline import messages as M
 from harness.workers.common import WorkerSpec, now, process_setup
 
@@ -26,7 +27,15 @@ def main(spec: WorkerSpec, conn) -> None:
         from harness.pipeline.ring import FrameRing, RingSpec
 
         ring = FrameRing.attach(msgspec.convert(spec.ring, RingSpec))
-        _serve(spec, conn, ring)
+        from harness.hooks import activate
+        from harness.workers.common import write_hook_report
+
+        hooks = activate(spec.hooks, out_dir=spec.run_dir, label="encoder")
+        try:
+            with hooks:
+                _serve(spec, conn, ring)
+        finally:
+            write_hook_report(spec, hooks)  # after exit: the recorder's totals exist only then
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass
     except BaseException as e:
@@ -80,7 +89,8 @@ def _serve(spec: WorkerSpec, conn, ring) -> None:
                     save_pixels(run_dir, fr.epoch, fr.chunk, view)
                 o = open_[fr.session]
                 before = o.sink.bytes_accepted
-                res = o.encoder.encode(view, chunk=fr.chunk)
+                with hctx.phase(session=fr.session, epoch=fr.epoch, chunk=fr.chunk, stage="encode"):
+                    res = o.encoder.encode(view, chunk=fr.chunk)
             finally:
                 ring.release(fr.ref)
             M.send(conn, M.ChunkDelivered(

@@ -11,10 +11,12 @@ import traceback
 
 import torch
 
+from harness.hooks import activate
+from harness.hooks import context as hctx
 from harness.pipeline import messages as M
 from harness.workers.common import (
     GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, now, process_setup,
-    shutdown_groups, synchronize,
+    shutdown_groups, synchronize, write_hook_report,
 )
 
 
@@ -76,6 +78,15 @@ def _serve(spec: WorkerSpec, conn, ring) -> None:
     M.send(conn, M.Ready(role="vae", rank=spec.rank, device=str(device), device_name=device_name(device),
                          info={"candidates": ",".join(applied)}))
     sessions: dict[int, object] = {}
+    hooks = activate(spec.hooks, out_dir=spec.run_dir, label=f"vae{spec.rank}")
+    try:
+        with hooks:
+            _loop(spec, conn, ring, engine, out, sessions, timer, lead, device)
+    finally:
+        write_hook_report(spec, hooks)  # after exit: the recorder's totals exist only then
+
+
+def _loop(spec, conn, ring, engine, out, sessions, timer, lead, device) -> None:
     while True:
         msg = M.recv(conn)
         if isinstance(msg, M.DecodeChunk):
@@ -83,14 +94,16 @@ def _serve(spec: WorkerSpec, conn, ring) -> None:
             latent = torch.from_numpy(msg.latent.array().copy()).to(device)
             t_start = now()
             timer.start("decode")
-            frames = engine.decode_chunk(sessions[msg.session], latent)
+            with hctx.phase(session=msg.session, epoch=msg.epoch, chunk=msg.chunk, stage="decode"):
+                frames = engine.decode_chunk(sessions[msg.session], latent)
             timer.stop("decode")
             if not lead:
                 continue
             synchronize(device)
             t_dec = now()
             timer.start("convert")
-            u8 = out.convert(frames)
+            with hctx.phase(stage="convert"):
+                u8 = out.convert(frames)
             timer.stop("convert")
             synchronize(device)
             t_gpu = now()
@@ -99,7 +112,8 @@ def _serve(spec: WorkerSpec, conn, ring) -> None:
             ref = ring.acquire(msg.session, msg.chunk)
             blocked = ring.blocked_ns - blocked0
             timer.start("d2h")
-            out.copy_out(u8, ring.buffer(ref, shape))
+            with hctx.phase(stage="d2h"):
+                out.copy_out(u8, ring.buffer(ref, shape))
             timer.stop("d2h")
             synchronize(device)
             ref = ring.publish(ref, shape)

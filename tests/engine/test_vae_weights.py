@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from harness.config import VaeConfig, load_preset
 from harness.engine.groups import RankGroup
-from harness.engine.vae import WanVAE, build_vae, init_random_, load_weights, parameter_count, save_weights
+from harness.engine.vae import WanVAE, build_vae, load_weights, parameter_count, save_weights
 from harness.engine.vae_engine import VaeEngine
 from harness.errors import HarnessError
 

@@ -176,3 +176,17 @@ def test_merge_process_files(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "dispatch.jsonl").read_text().splitlines()]
     assert n == len(lines) and {r["proc"] for r in lines} == {"dit0", "vae0"}
     assert sum(r["flops"] for r in lines) == 2 * 2 * (2 * 3 * 4)
+
+
+def test_a_failing_formula_is_reported_not_fatal(monkeypatch):
+    from harness.hooks import flops as fl
+
+    def broken(args, kwargs):
+        raise IndexError("unexpected signature")
+
+    monkeypatch.setitem(fl.OPS, "aten::mm", (fl.MATMUL, broken))
+    rec = DispatchRecorder()
+    with rec:
+        torch.mm(torch.randn(2, 3), torch.randn(3, 4))
+    assert rec.total_flops == 0
+    assert rec.summary()["formula_errors"] == {"aten.mm.default": "IndexError: unexpected signature"}
