@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-
 from harness.config import HarnessConfig
 from harness.drivers.launcher import LocalLauncher, RankFailed
 from harness.drivers.trajectory import actions_for
@@ -44,6 +42,24 @@ class SessionResult:
     media: M.MediaClosed | None
     kv_after: dict[str, int] = field(default_factory=dict)
     ring_free_after: int | None = None
+    cancelled: bool = False
+
+
+@dataclass
+class SessionControl:
+    """How a session is driven from outside the driver (a client, a scenario).
+
+    ``actions(chunk)`` supplies each chunk's actions (default: the scripted trajectory);
+    ``should_cancel(start_ns, stamps)`` is polled every ``poll_s`` while the session runs and
+    sees the boundaries the driver has stamped so far, so a scenario can cancel "2 ms after
+    chunk 3's decode was submitted" and a server can cancel when its client asks or leaves.
+    """
+
+    actions: Callable[[int], list[str]] | None = None
+    should_cancel: Callable[[int, list[dict]], bool] | None = None
+    poll_s: float = 0.002
+    keep_partial_media: bool = False
+    prompt: str = ""
 
 
 @dataclass
@@ -51,23 +67,28 @@ class Driver:
     cfg: HarnessConfig
     launcher: LocalLauncher
     run_dir: Path
-    on_chunk: Callable[[ChunkEvent], None] | None = None
+    #: called with each chunk's event (and the encoder's reply, None for chunks never encoded)
+    on_chunk: Callable[[ChunkEvent, "M.ChunkDelivered | None"], None] | None = None
     _io: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="driver-io"))
 
     def close(self) -> None:
         self._io.shutdown(wait=True)
 
     # ---- one session ---------------------------------------------------------------------
-    def run_session(self, session: int, epoch: int, seed: int, chunks: int | None = None) -> SessionResult:
+    def run_session(self, session: int, epoch: int, seed: int, chunks: int | None = None,
+                    control: "SessionControl | None" = None) -> SessionResult:
         cfg, L = self.cfg, self.launcher
+        ctl = control or SessionControl()
         n = chunks or cfg.video.chunks_per_session
         case_e = cfg.runtime.scheduler == "case-e"
         max_dec = cfg.runtime.max_pending_decodes
         save = epoch in cfg.runtime.save_epochs
         timeout = cfg.runtime.rank_timeout_s
+        actions = ctl.actions or (lambda c: actions_for(seed, c, cfg.video.frames_per_chunk))
 
-        start = SessionStart(session=session, epoch=epoch, start_ns=now())
-        start_msg = M.StartSession(session=session, epoch=epoch, seed=seed, prompt=f"session {session}", image_seed=seed)
+        start_ns = now()
+        start_msg = M.StartSession(session=session, epoch=epoch, seed=seed, prompt=ctl.prompt or f"session {session}",
+                                   image_seed=seed)
         L.send(L.lead("encoder"), M.OpenSession(session=session, epoch=epoch))
         L.fanout("dit", start_msg)
         L.fanout("vae", start_msg)
@@ -76,24 +97,32 @@ class Driver:
         extra: list[dict] = [{"gpu_ms": {}, "blocked_ns": {}, "frames": 0} for _ in range(n)]
         hashes: list[dict] = [{} for _ in range(n)]
         frame_sha: dict[int, list[str]] = {}
-        next_chunk, dit_busy, delivered = 0, False, 0
+        next_chunk, dit_busy, done = 0, False, 0
         waiting: deque[tuple[int, M.LatentReady]] = deque()
         decoding: deque[int] = deque()
         frames_back = 0  # chunks whose frames reached host memory
+        cancelled = False
 
         def may_submit() -> bool:
-            if dit_busy or next_chunk >= n:
+            if cancelled or dit_busy or next_chunk >= n:
                 return False
             if case_e:
                 return not waiting
             return frames_back == next_chunk  # Case D: previous chunk is cpu_ready
 
         deadline = time.monotonic() + timeout
-        while delivered < n:
+        while done < (next_chunk if cancelled else n):
+            if not cancelled and ctl.should_cancel is not None and ctl.should_cancel(start_ns, stamps):
+                # In-flight work is finished and discarded; nothing new starts.
+                cancelled = True
+                done += len(waiting)
+                waiting.clear()
+                continue
             if may_submit():
                 c = next_chunk
+                acts = actions(c)
                 stamps[c]["submit"] = now()
-                L.fanout("dit", M.GenerateChunk(session=session, chunk=c, actions=actions_for(seed, c, cfg.video.frames_per_chunk)))
+                L.fanout("dit", M.GenerateChunk(session=session, chunk=c, actions=acts))
                 next_chunk, dit_busy = c + 1, True
             while waiting and len(decoding) < max_dec:
                 c, lat = waiting.popleft()
@@ -103,9 +132,10 @@ class Driver:
                 self._io.submit(self._keep_latent, epoch, c, lat.latent, save, hashes[c])
             if may_submit():
                 continue
-            msgs = L.poll(min(1.0, max(0.0, deadline - time.monotonic())))
+            wait_s = ctl.poll_s if ctl.should_cancel is not None and not cancelled else 1.0
+            msgs = L.poll(min(wait_s, max(0.0, deadline - time.monotonic())))
             if not msgs and time.monotonic() > deadline:
-                raise RankFailed(f"session {session}: no progress for {timeout:.0f} s (chunk {delivered} not delivered)")
+                raise RankFailed(f"session {session}: no progress for {timeout:.0f} s ({done} of {n} chunks done)")
             for proc, msg in msgs:
                 deadline = time.monotonic() + timeout
                 if isinstance(msg, M.LatentReady):
@@ -113,8 +143,11 @@ class Driver:
                     s = stamps[msg.chunk]
                     s.update(dit_start=msg.dit_start, dit_end=msg.dit_end, latent_ready=t)
                     extra[msg.chunk]["gpu_ms"].update({f"dit_{k}" if k != "dit" else k: v for k, v in msg.gpu_ms.items()})
-                    waiting.append((msg.chunk, msg))
                     dit_busy = False
+                    if cancelled:
+                        done += 1  # finished, discarded: never decoded
+                    else:
+                        waiting.append((msg.chunk, msg))
                 elif isinstance(msg, M.FramesReady):
                     s = stamps[msg.chunk]
                     s.update(decode_start=msg.decode_start, decode_end=msg.decode_end, gpu_ready=msg.gpu_ready, cpu_ready=msg.cpu_ready)
@@ -123,28 +156,38 @@ class Driver:
                     extra[msg.chunk]["frames"] = msg.frames
                     decoding.popleft()
                     frames_back += 1
-                    L.send(L.lead("encoder"), M.EncodeChunk(frames=msg, save_pixels=save))
+                    # a cancelled session's frames only free their slot; nothing is encoded
+                    L.send(L.lead("encoder"), M.EncodeChunk(frames=msg, save_pixels=save and not cancelled, discard=cancelled))
                 elif isinstance(msg, M.ChunkDelivered):
                     s = stamps[msg.chunk]
-                    s.update(received=msg.received, encoded=msg.encoded, delivered=msg.delivered)
+                    s.update({k: v for k, v in (("received", msg.received), ("encoded", msg.encoded),
+                                                ("delivered", msg.delivered)) if v is not None})
                     extra[msg.chunk]["blocked_ns"].update({k: v for k, v in msg.blocked_ns.items() if v})
-                    hashes[msg.chunk]["pixels_sha256"] = msg.pixel_sha256
-                    frame_sha[msg.chunk] = msg.frame_sha256
-                    delivered += 1
+                    if msg.encoded is not None:
+                        hashes[msg.chunk]["pixels_sha256"] = msg.pixel_sha256
+                        frame_sha[msg.chunk] = msg.frame_sha256
+                    done += 1
                     if self.on_chunk:
-                        self.on_chunk(self._event(session, epoch, msg.chunk, stamps, extra))
+                        self.on_chunk(self._event(session, epoch, msg.chunk, stamps, extra, cancelled), msg)
                 else:
                     raise RankFailed(f"unexpected {type(msg).__name__} from {proc.name} in session {session}")
 
-        media, kv, ring_free = self._end_session(session)
+        media, kv, ring_free = self._end_session(session, discard=cancelled and not ctl.keep_partial_media)
         self._io.submit(lambda: None).result()  # latent saves/hashes of this session are done
-        events = [self._event(session, epoch, c, stamps, extra) for c in range(n)]
-        records = [dict(epoch=epoch, session=session, chunk=c, **hashes[c]) for c in range(n)]
-        return SessionResult(start, events, [h for c in range(n) for h in frame_sha.get(c, [])], records, media, kv, ring_free)
+        m = next_chunk if cancelled else n
+        events = [self._event(session, epoch, c, stamps, extra, cancelled) for c in range(m)]
+        if cancelled and self.on_chunk:  # chunks that never reached the encoder still get their row
+            for c in range(m):
+                if "received" not in stamps[c]:
+                    self.on_chunk(events[c], None)
+        records = [] if cancelled else [dict(epoch=epoch, session=session, chunk=c, **hashes[c]) for c in range(n)]
+        start = SessionStart(session=session, epoch=epoch, start_ns=start_ns, cancelled=cancelled)
+        return SessionResult(start, events, [h for c in range(m) for h in frame_sha.get(c, [])], records, media, kv,
+                             ring_free, cancelled)
 
-    def _end_session(self, session: int):
+    def _end_session(self, session: int, discard: bool = False):
         L = self.launcher
-        L.send(L.lead("encoder"), M.CloseSession(session=session))
+        L.send(L.lead("encoder"), M.CloseSession(session=session, discard=discard))
         L.fanout("dit", M.EndSession(session=session))
         L.fanout("vae", M.EndSession(session=session))
         media, kv, ring_free = None, {}, None
@@ -174,10 +217,10 @@ class Driver:
             save_latent(self.run_dir, epoch, chunk, latent.array())
 
     @staticmethod
-    def _event(session: int, epoch: int, chunk: int, stamps: list[dict], extra: list[dict]) -> ChunkEvent:
+    def _event(session: int, epoch: int, chunk: int, stamps: list[dict], extra: list[dict], cancelled: bool = False) -> ChunkEvent:
         e = extra[chunk]
         return ChunkEvent(session=session, epoch=epoch, chunk=chunk, frames=e["frames"], gpu_ms=dict(e["gpu_ms"]),
-                          blocked_ns=dict(e["blocked_ns"]), **stamps[chunk])
+                          blocked_ns=dict(e["blocked_ns"]), cancelled=cancelled, **stamps[chunk])
 
     # ---- small probes --------------------------------------------------------------------
     def control_round_trip_ns(self, n: int = 20) -> list[int]:
@@ -192,6 +235,3 @@ class Driver:
             out.append(now() - t0)
         return out
 
-
-def chunk_frames_hashes(frames: np.ndarray) -> list[str]:
-    return [hashlib.sha256(f.tobytes()).hexdigest() for f in frames]

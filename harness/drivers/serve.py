@@ -68,7 +68,7 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
                    extra={"status": status, "ring": {"slots": cfg.runtime.ring_slots, "slot_bytes": ring.spec.slot_bytes}})
     write_json(run_dir / "manifest.json", man)
 
-    def on_chunk(ev: ChunkEvent) -> None:
+    def on_chunk(ev: ChunkEvent, _reply=None) -> None:
         events_f.write(enc.encode(ev) + b"\n")
         events_f.flush()
 

@@ -120,7 +120,9 @@ def _partial(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
 
 
 #: Which LSE-returning kernel the paged path uses for bf16/fp16 on CUDA (fp32 has only "efficient").
-PAGED_PARTIAL_CUDA = "flash"
+#: Measured on an H200 at 480×832 (Q 4680, K 28080, 40 heads, 6-frame steps): cuDNN 5.6 ms,
+#: flash 8.8 ms, efficient 16.7 ms, against 4.7 ms for gather + cuDNN.
+PAGED_PARTIAL_CUDA = "cudnn"
 
 
 def paged_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_ids: Tensor, *, attend: DenseFn,

@@ -92,9 +92,9 @@ def rope_dims(head_dim: int) -> tuple[int, int, int]:
 
 
 class RopeTables:
-    """cos/sin of the 3-D RoPE angles for this rank's tokens, precomputed on the device.
+    """The 3-D RoPE rotation of this rank's tokens as complex numbers, precomputed on the device.
 
-    Tables are built in float64 on the host once (positions up to 1024 would lose ~1e-4 rad in
+    Angles are built in float64 on the host once (positions up to 1024 would lose ~1e-4 rad in
     fp32 angle arithmetic) and stored as fp32 cos/sin; a chunk only slices the frame table at its
     absolute first frame and gathers rows, so no host value crosses to the device per step.
     """
@@ -120,22 +120,22 @@ class RopeTables:
         self.cos_hw = torch.cat([ch[hi], cw[wi]], dim=-1).to(device)
         self.sin_hw = torch.cat([sh[hi], sw[wi]], dim=-1).to(device)
 
-    def for_chunk(self, first_frame: int) -> tuple[Tensor, Tensor]:
-        """(cos, sin), each (n_local, 1, head_dim/2), at absolute frames first_frame + 0..F−1."""
+    def for_chunk(self, first_frame: int) -> Tensor:
+        """complex64 (n_local, 1, head_dim/2): the rotation at absolute frames first_frame + 0..F−1."""
         last = first_frame + self.frames
         if last > self.max_frames:
             raise HarnessError(f"session exceeds {self.max_frames} latent frames (RoPE table); start a new session")
         cos = torch.cat([self.cos_f[first_frame:last].index_select(0, self.fi), self.cos_hw], dim=-1)
         sin = torch.cat([self.sin_f[first_frame:last].index_select(0, self.fi), self.sin_hw], dim=-1)
-        return cos.unsqueeze(1), sin.unsqueeze(1)
+        return torch.complex(cos, sin).unsqueeze(1)
 
 
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate consecutive channel pairs (Wan's complex layout) of x (n, H, D) in fp32."""
+def apply_rope(x: Tensor, rot: Tensor) -> Tensor:
+    """Rotate consecutive channel pairs (Wan's complex layout) of x (n, H, D) in fp32: one complex
+    multiply instead of the 6 real ops and a stack (RoPE was ~8 % of a 480×832 chunk that way)."""
     n, h, d = x.shape
-    xf = x.float().view(n, h, d // 2, 2)
-    x0, x1 = xf[..., 0], xf[..., 1]
-    return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(2).to(x.dtype)
+    xc = torch.view_as_complex(x.float().reshape(n, h, d // 2, 2))
+    return torch.view_as_real(xc * rot).flatten(2).to(x.dtype)
 
 
 def sinusoidal(timesteps: list[float] | Tensor, dim: int) -> Tensor:
@@ -152,8 +152,7 @@ class ForwardContext:
     group: RankGroup
     layout: TokenLayout
     grid: tuple[int, int, int]  # (frames, h, w) in patches
-    cos: Tensor
-    sin: Tensor
+    rope: Tensor  # complex (n_local, 1, head_dim/2)
     cache: PagedKVCache
     kv: SessionKV
     text_kv: list[tuple[Tensor, Tensor]]  # per layer, (1, H/sp, L, D) views
@@ -204,8 +203,8 @@ class SelfAttention(nn.Module):
             raise HarnessError("fused QKV is stale: call model.fuse_qkv_() after moving or casting the model")
         n, h, d = x.shape[0], self.heads, self.head_dim
         q, k, v = F.linear(x, w, self._qkv_b).split(self.dim, dim=-1)
-        q = apply_rope(self.norm_q(q).view(n, h, d), ctx.cos, ctx.sin)
-        k = apply_rope(self.norm_k(k).view(n, h, d), ctx.cos, ctx.sin)
+        q = apply_rope(self.norm_q(q).view(n, h, d), ctx.rope)
+        k = apply_rope(self.norm_k(k).view(n, h, d), ctx.rope)
         v = v.view(n, h, d)
         if ctx.group.active:
             q, k, v = seq_to_heads(torch.stack([q, k, v], dim=1), ctx.group).unbind(1)

@@ -10,6 +10,10 @@ velocity, so the returned latent is identical on every rank.
 Inside a chunk nothing waits on the host: timestep embeddings and RoPE tables are precomputed on
 the device, and the only host → device traffic is once per chunk (the block table and the F×4×4
 camera poses, from pinned memory on GPU).
+
+On the meta device the engine allocates nothing (weights, KV pools and activations are shapes
+only) but still runs sessions and chunks, so a dispatch recorder can count the full-size model's
+FLOPs on a laptop; its latents are meta tensors.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from harness.errors import HarnessError
 from harness.hooks import context as hctx
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+PAGED_STEP_FRAMES = 6
 
 #: hook(event, info): events "session_start", "chunk_start", "step_start", "step_end",
 #: "chunk_end", "session_end"; info carries session/chunk/phase/timestep/kv_tokens/q_tokens.
@@ -85,9 +90,10 @@ class DitEngine:
         self.cache = PagedKVCache.from_config(cfg, sp=group.size, dtype=self.dtype, device=self.device)
         self.layout = TokenLayout(self.frames, cfg.tokens_per_frame, *token_range(cfg.tokens_per_chunk, group))
         self.heads = head_range(m.num_heads, group)
-        # The paged path walks the cache a chunk's worth of frames at a time: few enough steps to
-        # keep launches and LSE merges cheap, while the K/V copied per step stays ≤ 1/6 of the window.
-        self.group_blocks = self.cache.blocks_per_frame * self.frames
+        # The paged path walks the cache six latent frames at a time (3 steps over a full window):
+        # fewer, larger steps run faster (H200, 480×832: 5.6 ms vs 10.9 ms at one frame a step), and
+        # the K/V copied per step stays a third of the window.
+        self.group_blocks = self.cache.blocks_per_frame * PAGED_STEP_FRAMES
         self.sigmas = schedule.sigmas(cfg.schedule)
         self.phases = schedule.phases(cfg.schedule)
         self.timesteps = schedule.model_timesteps(cfg.schedule)
@@ -117,10 +123,10 @@ class DitEngine:
         dense(name)
         self.model.attention = name
 
-    # ---- session API -----------------------------------------------------------------------------
     def attention_description(self) -> str:
         return f"{self.kv_path}+{self.attention}"
 
+    # ---- session API -----------------------------------------------------------------------------
     @torch.inference_mode()
     def start_session(self, conditions: SessionConditions) -> DitSession:
         m = self.cfg.model
@@ -144,14 +150,13 @@ class DitEngine:
 
     def _generate_chunk(self, session: DitSession, actions: list[str] | None, poses) -> Tensor:
         first = session.kv.next_frame
-        rays = self._rays(session, actions, poses)
+        rays, world = self._camera(session, actions, poses)
         cam = self.model.camera_tokens(rays, self.layout).to(self.dtype)
         y = image_condition(session.image_latent, first, self.frames, *self.latent_hw, device=self.device, dtype=self.dtype)
         self.cache.begin_chunk(session.kv, self.frames)
         session.kv_tokens.append(self.cache.visible_tokens(session.kv))
-        cos, sin = self.rope.for_chunk(first)
-        ctx = ForwardContext(group=self.group, layout=self.layout, grid=self.grid, cos=cos, sin=sin, cache=self.cache,
-                             kv=session.kv, text_kv=session.text_kv, group_blocks=self.group_blocks)
+        ctx = ForwardContext(group=self.group, layout=self.layout, grid=self.grid, rope=self.rope.for_chunk(first),
+                             cache=self.cache, kv=session.kv, text_kv=session.text_kv, group_blocks=self.group_blocks)
         if self.hooks:
             self._emit("chunk_start", session=session.sid, chunk=session.chunk, kv_tokens=session.kv_tokens[-1])
 
@@ -165,6 +170,9 @@ class DitEngine:
                 x = schedule.renoise(x0, self._noise(session, i + 1), self.sigmas[i + 1])
         self._forward(session, ctx, x0, y, cam, steps)  # commit: K/V of the clean chunk
         self.cache.commit(session.kv)
+        if session.first_pose is None:
+            session.first_pose = world[0]
+        session.last_pose = world[-1]
         if self.hooks:
             self._emit("chunk_end", session=session.sid, chunk=session.chunk)
         session.chunk += 1
@@ -204,20 +212,20 @@ class DitEngine:
         self._gen.manual_seed(derive_seed("noise", session.seed, session.chunk, step))
         return torch.randn(LATENT_CHANNELS, self.frames, h, w, generator=self._gen, device=self.device)
 
-    def _rays(self, session: DitSession, actions: list[str] | None, poses) -> Tensor:
+    def _camera(self, session: DitSession, actions: list[str] | None, poses) -> tuple[Tensor, np.ndarray]:
+        """The chunk's ray map and its world poses; the session's pose state moves only once the
+        chunk has committed, so a failed chunk can be retried from the same place."""
         if poses is not None:
             world = camera.validate_poses(poses, self.frames)
         elif actions is not None:
             world = camera.integrate_actions(camera.validate_actions(actions, self.frames), session.last_pose)
         else:
             raise HarnessError("generate_chunk needs actions (one per latent frame) or poses")
-        if session.first_pose is None:
-            session.first_pose = world[0]
-        session.last_pose = world[-1]
-        rel = torch.from_numpy(camera.relative_poses(world, session.first_pose)).float()
+        first = world[0] if session.first_pose is None else session.first_pose
+        rel = torch.from_numpy(camera.relative_poses(world, first)).float()
         if self.device.type == "cuda":
             rel = rel.pin_memory()
-        return self.rays(rel.to(self.device, non_blocking=True))
+        return self.rays(rel.to(self.device, non_blocking=True)), world
 
     def _emit(self, event: str, **info) -> None:
         for h in self.hooks:

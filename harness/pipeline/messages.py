@@ -125,6 +125,7 @@ class WorkerError(_Msg):
 class EncodeChunk(_Msg):
     frames: FramesReady
     save_pixels: bool
+    discard: bool = False  # cancelled session: free the slot, encode nothing
 
 
 class OpenSession(_Msg):
@@ -141,12 +142,13 @@ class ChunkDelivered(_Msg):
     session: int
     chunk: int
     received: int
-    encoded: int
-    delivered: int | None  # None when the backend commits a chunk only with the next one (ffmpeg)
-    bytes: int
+    encoded: int | None  # None: discarded (cancelled session)
+    delivered: int | None  # None when discarded, or when the backend commits a chunk only with the next one (ffmpeg)
+    nbytes: int
     pixel_sha256: str
     frame_sha256: list[str]
     blocked_ns: dict[str, int] = {}
+    media: bytes = b""  # the chunk's Matroska bytes, only when the sink streams them back (network)
 
 
 class MediaClosed(_Msg):

@@ -81,6 +81,12 @@ def _serve(spec: WorkerSpec, conn, ring) -> None:
         if isinstance(msg, M.EncodeChunk):
             fr = msg.frames
             received = now()
+            if msg.discard:
+                ring.claim(fr.ref)
+                ring.release(fr.ref)
+                M.send(conn, M.ChunkDelivered(session=fr.session, chunk=fr.chunk, received=received, encoded=None,
+                                              delivered=None, nbytes=0, pixel_sha256="", frame_sha256=[]))
+                continue
             view = ring.claim(fr.ref)
             try:
                 frame_sha = [hashlib.sha256(view[i].tobytes()).hexdigest() for i in range(fr.frames)]
@@ -95,7 +101,7 @@ def _serve(spec: WorkerSpec, conn, ring) -> None:
                 ring.release(fr.ref)
             M.send(conn, M.ChunkDelivered(
                 session=fr.session, chunk=fr.chunk, received=received, encoded=res.encoded_ns,
-                delivered=res.delivered_ns, bytes=o.sink.bytes_accepted - before, pixel_sha256=chunk_sha,
+                delivered=res.delivered_ns, nbytes=o.sink.bytes_accepted - before, pixel_sha256=chunk_sha,
                 frame_sha256=frame_sha, blocked_ns={"sink": o.sink.take_blocked_ns()},
             ))
         elif isinstance(msg, M.OpenSession):

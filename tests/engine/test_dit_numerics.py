@@ -13,7 +13,7 @@ from harness.config import ScheduleConfig, load_preset, override
 from harness.engine import camera, schedule
 from harness.engine.conditions import (SessionConditions, image_condition, load_text_embedding,
                                        session_text_embedding, synthetic_text_embedding)
-from harness.engine.dit import TokenLayout, rope_dims, unpatchify
+from harness.engine.dit import RopeTables, TokenLayout, apply_rope, rope_dims, unpatchify
 from harness.engine.dit_engine import DitEngine
 from harness.engine.groups import RankGroup
 from harness.errors import HarnessError
@@ -190,6 +190,28 @@ def test_rope_split_and_token_layout():
     y = torch.randn(64, 8)
     fj = torch.arange(32, 96) // 32
     assert torch.allclose(whole.modulate(y, shift, scale), y * (1 + scale[fj]) + shift[fj], atol=1e-5)
+
+
+def test_rope_rotates_pairs_at_absolute_frames():
+    grid = (3, 4, 8)
+    lay = TokenLayout(3, 32, 0, 96)
+    rope = RopeTables(16, grid, lay, CPU)
+    x = torch.randn(96, 2, 16)
+    rot = rope.for_chunk(0)
+    y = apply_rope(x, rot)
+    # Wan's layout: channel pairs (2i, 2i+1) rotate as one complex number
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    c, s = rot.real, rot.imag
+    assert torch.allclose(y[..., 0::2], x0 * c - x1 * s, atol=1e-6)
+    assert torch.allclose(y[..., 1::2], x0 * s + x1 * c, atol=1e-6)
+    assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1), atol=1e-5)
+    # positions are absolute latent frames, so q·k depends on the frame distance alone
+    q, k = apply_rope(x, rope.for_chunk(6)), apply_rope(x, rope.for_chunk(3))
+    q2, k2 = apply_rope(x, rope.for_chunk(16)), apply_rope(x, rope.for_chunk(13))
+    assert torch.allclose((q * k).sum(-1), (q2 * k2).sum(-1), atol=1e-4)
+    assert not torch.allclose(apply_rope(x, rope.for_chunk(3)), y)
+    with pytest.raises(HarnessError, match="RoPE"):
+        rope.for_chunk(1023)
 
 
 def test_unpatchify_inverts_wan_patch_order():
