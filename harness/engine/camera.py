@@ -129,7 +129,8 @@ class CameraRays:
     once; per chunk only the (F, 4, 4) poses change.
     """
 
-    def __init__(self, height: int, width: int, device: torch.device, intrinsics: tuple[float, float, float, float] | None = None):
+    def __init__(self, height: int, width: int, device: torch.device,
+                 intrinsics: tuple[float, float, float, float] | None = None):
         if height % VAE_SPATIAL or width % VAE_SPATIAL:
             raise HarnessError(f"ray map {height}x{width} must be divisible by {VAE_SPATIAL}")
         self.height, self.width, self.device = height, width, device

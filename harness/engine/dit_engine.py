@@ -191,6 +191,16 @@ class DitEngine:
             self._emit("step_end", session=session.sid, chunk=session.chunk, phase=phase, step=step)
         return v
 
+    def advance_without_compute(self, session: DitSession) -> None:
+        """Meta device only: move a session's KV bookkeeping past one chunk without running it, so
+        FLOP counting reaches the saturated window without executing the warm-up chunks (on meta
+        there are no values to keep, only block tables)."""
+        if self.device.type != "meta":
+            raise HarnessError("advance_without_compute is for FLOP counting on the meta device")
+        self.cache.begin_chunk(session.kv, self.frames)
+        self.cache.commit(session.kv)
+        session.chunk += 1
+
     def end_session(self, session: DitSession) -> None:
         if session.closed:
             return

@@ -78,7 +78,8 @@ class PagedKVCache:
     # ---- session lifecycle ---------------------------------------------------------------------
     def open(self) -> SessionKV:
         if len(self._sessions) >= self.max_sessions:
-            raise HarnessError(f"KV cache holds {len(self._sessions)} sessions already (cache.max_sessions = {self.max_sessions})")
+            raise HarnessError(f"KV cache holds {len(self._sessions)} sessions already "
+                               f"(cache.max_sessions = {self.max_sessions})")
         s = SessionKV(next(self._ids))
         self._sessions[s.sid] = s
         return s
@@ -89,11 +90,12 @@ class PagedKVCache:
             raise HarnessError(f"KV session {s.sid} is closed")
         recent = self.window_frames - self.sink_frames - frames
         if recent < 0:
-            raise HarnessError(f"a chunk of {frames} frames does not fit the window of {self.window_frames} after {self.sink_frames} sink frames")
+            raise HarnessError(f"a chunk of {frames} frames does not fit the window of {self.window_frames} "
+                               f"after {self.sink_frames} sink frames")
         for f in s.pending:  # a chunk that never committed (cancelled mid-chunk) is dropped
             self._release(s.frames.pop(f))
         s.pending = []
-        old = [f for f in s.frames if f >= self.sink_frames]
+        old = sorted(f for f in s.frames if f >= self.sink_frames)
         for f in old[:max(0, len(old) - recent)]:
             self._release(s.frames.pop(f))
         need = frames * self.blocks_per_frame

@@ -44,7 +44,7 @@ def count_steady_flops(cfg: HarnessConfig) -> dict[str, int]:
     s = dit.start_session(SessionConditions(prompt="flops", seed=0, image_latent=None))
     actions = [""] * cfg1.video.frames_per_chunk
     for _ in range(steady):
-        dit.generate_chunk(s, actions)
+        dit.advance_without_compute(s)
     with DispatchRecorder(path=None) as rec:
         latent = dit.generate_chunk(s, actions)
     dit.end_session(s)

@@ -1,0 +1,56 @@
+"""bench-engine: the FLOP count of the full-size presets (meta device, no arithmetic) and a real
+timed run of the tiny preset over 2 SP ranks and 2 VAE ranks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.config import load_preset
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", "bench-engine", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("preset", ["lingbot-480x832", "lingbot-704x1280"])
+def test_flops_only_counts_the_steady_chunk_of_the_full_model(preset):
+    proc = _run("--preset", preset, "--flops-only")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1
+    f = json.loads(lines[0])
+    cfg = load_preset(preset)
+    m = cfg.model
+    passes = len(cfg.schedule.timesteps) + 1
+    # self-attention at the saturated window: 4·Sq·Skv·H·D per layer per pass, all ranks summed
+    expect_self = 4 * cfg.tokens_per_chunk * cfg.max_kv_tokens * m.num_heads * m.head_dim * m.num_layers * passes
+    assert f["self_attention_flops"] == expect_self
+    expect_cross = 4 * cfg.tokens_per_chunk * m.text_len * m.num_heads * m.head_dim * m.num_layers * passes
+    assert f["cross_attention_flops"] == expect_cross
+    # every per-block GEMM on every token: qkv, o, cross q/o, 4 camera, FFN in and out
+    per_token = (4 + 2 + 4) * m.dim * m.dim + 2 * m.dim * m.ffn_dim
+    blocks = 2 * per_token * cfg.tokens_per_chunk * m.num_layers * passes
+    assert blocks <= f["linear_flops"] <= blocks * 1.01  # + embeddings and head
+    assert f["vae_conv_flops"] > 0
+    assert f["total_flops"] == f["linear_flops"] + f["self_attention_flops"] + f["cross_attention_flops"] + f["vae_conv_flops"]
+
+
+def test_bench_engine_tiny_on_two_sp_and_two_vae_ranks(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = _run("--preset", "tiny", "--sp", "2", "--vae-ranks", "2", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(out.read_text())
+    assert res["sp"] == 2 and res["vae_ranks"] == 2
+    assert len(res["dit_chunk_ms"]) == 8 and all(t > 0 for t in res["dit_chunk_ms"])
+    cfg = load_preset("tiny")
+    assert res["dit_kv_tokens"][-1] == cfg.max_kv_tokens  # the timed steady chunks saw a full window
+    assert res["vae_steady_decode_ms"] > 0 and res["flops"]["total_flops"] > 0
+    assert "DiT steady chunk" in proc.stdout
