@@ -39,7 +39,12 @@ def runs(tmp_path_factory):
     for sched in ("case-d", "case-e"):
         d = tmp_path_factory.mktemp(sched)
         out[sched] = serve(tiny(scheduler=sched, sessions=3), ServeOptions(out=str(d), progress=False))
+    d = tmp_path_factory.mktemp("hooks")
+    out["hooks"] = serve(tiny(sessions=3), ServeOptions(out=str(d), progress=False, hooks=HOOKS))
     return out
+
+
+HOOKS = ("nvtx", "dispatch=summary", "trace", "profile=5")  # canonical spellings
 
 
 def _session_pixels(run_dir: Path, epoch: int, chunks: int) -> np.ndarray:
@@ -196,3 +201,32 @@ def _is_harness_worker(pid: int) -> bool:
         return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()  # not the resource tracker
     except OSError:
         return False
+
+
+def test_outputs_with_every_hook_on_are_byte_identical(runs):
+    assert gate(runs["case-d"].run_dir, runs["hooks"].run_dir, "exact").passed
+    summary = json.loads((runs["hooks"].run_dir / "summary.json").read_text())
+    assert summary["hooks"] == list(HOOKS)  # an instrumented run says so
+    assert json.loads((runs["case-d"].run_dir / "summary.json").read_text())["hooks"] == []
+    reports = {p.name: json.loads(p.read_text()) for p in runs["hooks"].run_dir.glob("hooks.*.json")}
+    assert {"hooks.dit0.json", "hooks.dit1.json", "hooks.vae0.json", "hooks.vae1.json", "hooks.encoder0.json"} <= set(reports)
+    assert reports["hooks.dit0.json"]["dispatch"]["total_flops"] > 0
+
+
+def test_trace_has_a_track_per_process_and_agrees_with_events(runs):
+    from harness.hooks.trace import STAGES, slices, validate_trace
+
+    d = runs["hooks"].run_dir
+    trace = json.loads((d / "trace.json").read_text())
+    assert validate_trace(trace) == []
+    sl = slices(trace)
+    assert {"driver", "dit rank 0", "vae rank 0", "encoder"} <= {s["process"] for s in sl}
+    index = {(s["name"], s["args"]["session"], s["args"]["chunk"]): s for s in sl}
+    for e in read_events(d / "events.jsonl"):
+        for stage, (a, b) in STAGES.items():
+            ta, tb = getattr(e, a), getattr(e, b)
+            if ta is None or tb is None:
+                continue
+            s = index[(stage, e.session, e.chunk)]
+            assert (s["args"]["start_ns"], s["args"]["end_ns"]) == (ta, tb)
+            assert abs(s["dur"] - (tb - ta) / 1e3) < 1e-3
