@@ -37,8 +37,17 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--encoder", help="encoder backend (pyav, ffmpeg)")
     g.add_argument("--sink", help="sink (file, null)")
     g.add_argument("--ring-slots", type=int)
+    g.add_argument("--dit-gpus", type=_gpu_list, help="GPU index per DiT rank, e.g. 0,1 (default: rank r on GPU r)")
+    g.add_argument("--vae-gpus", type=_gpu_list, help="GPU index per VAE rank, e.g. 2,3 for separate placement")
     g.add_argument("--out", help="run directory (default runs/<run_id>)")
     g.add_argument("--no-progress", action="store_true")
+
+
+def _gpu_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated GPU indices, got {text!r}") from None
 
 
 def resolve_config(args: argparse.Namespace):
@@ -51,7 +60,8 @@ def resolve_config(args: argparse.Namespace):
             raise HarnessError(f"--{name.replace('_', '-')} must be ≥ 1, got {v}")
     return override(
         cfg,
-        parallel={"sp": args.sp, "vae_ranks": args.vae_ranks},
+        parallel={"sp": args.sp, "vae_ranks": args.vae_ranks, "dit_devices": getattr(args, "dit_gpus", None),
+                  "vae_devices": getattr(args, "vae_gpus", None)},
         video={"chunks_per_session": args.chunks},
         runtime={
             "scheduler": args.scheduler, "mode": args.mode, "sessions": args.sessions, "seed": args.seed,
@@ -64,14 +74,32 @@ def parse_hooks(text: str) -> tuple[str, ...]:
     return tuple(h.strip() for h in text.split(",") if h.strip())
 
 
+def add_listen_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("network endpoint")
+    g.add_argument("--listen", metavar="HOST:PORT", help="serve clients over WebSocket (ws://HOST:PORT/session); "
+                   "loopback only unless --allow-remote; --sessions then caps the sessions served")
+    g.add_argument("--allow-remote", action="store_true", help="allow --listen on a non-loopback address")
+    g.add_argument("--window", type=int, help="chunks sent to a client and not yet acknowledged (default 2)")
+    g.add_argument("--action-timeout", type=float, help="seconds to wait for a chunk's actions before cancelling (default 10)")
+    g.add_argument("--fault", action="append", default=[], help=argparse.SUPPRESS)  # ROLE:RANK=die-at-chunk:N (scenarios)
+
+
 # ---- commands ------------------------------------------------------------------------------
 def cmd_serve(args: argparse.Namespace) -> int:
-    from harness.drivers.serve import ServeOptions, serve
+    if getattr(args, "listen", None):  # the WebSocket endpoint: sessions come from clients
+        from harness.pipeline.server import listen_main
+
+        return listen_main(args)
+    from harness.drivers.serve import ServeOptions
+    from harness.experiments.protocols import protocol_lines, run_protocol
 
     cfg = resolve_config(args)
-    res = serve(cfg, ServeOptions(out=args.out, candidates=tuple(args.candidate), hooks=parse_hooks(args.hooks),
-                                  progress=not args.no_progress))
+    res = run_protocol(args.protocol, cfg, ServeOptions(out=args.out, candidates=tuple(args.candidate),
+                                                        hooks=parse_hooks(args.hooks), progress=not args.no_progress),
+                       sessions=args.sessions)
     print_headline(res.run_dir, res.summary)
+    for line in protocol_lines(res.summary):
+        print(line)
     return 0
 
 
@@ -110,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("serve", help="serve the DiT/VAE topology end to end and write a run directory")
     add_serve_options(sp)
+    sp.add_argument("--protocol", choices=["timing", "long-tail"], default="timing",
+                    help="timing: 1 warm-up + measured sessions; long-tail: 1 warm-up + 250 sessions (unless --sessions) "
+                         "and the slowest samples broken down by stage")
+    add_listen_options(sp)
     sp.set_defaults(fn=cmd_serve)
 
     be = sub.add_parser("bench-engine", help="time the engine alone: DiT per chunk/forward, VAE decode, FLOPs and MFU")
@@ -123,6 +155,31 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--flops-only", action="store_true", help="count FLOPs on the meta device and print one JSON line")
     be.add_argument("--json", help="also write the result to this JSON file")
     be.set_defaults(fn=_lazy("harness.experiments.bench_engine", "main"))
+
+    cp = sub.add_parser("compare", help="interleaved A/B (A B A B …) of --candidate against --baseline, numeric gate first")
+    add_serve_options(cp)
+    cp.add_argument("--baseline", action="append", default=[], metavar="ID", help="candidate applied to both arms (repeatable)")
+    cp.add_argument("--rounds", type=int, default=3, help="rounds; one serve launch per arm per round (default 3)")
+    cp.add_argument("--reanalyze", action="store_true", help="judge the round directories already in --out; serve nothing")
+    cp.set_defaults(fn=_lazy("harness.experiments.compare", "main"))
+
+    rp = sub.add_parser("report", help="report.md with tables and PNG plots for one or more run directories")
+    rp.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    rp.add_argument("--out", help="where report.md and the plots go (default: the first run directory)")
+    rp.set_defaults(fn=_lazy("harness.measure.report", "main"))
+
+    from harness.experiments.scenarios import add_scenario_arguments
+
+    sc = sub.add_parser("scenario", help="stress the serving path (DESIGN §7): prints what it saw, exits 1 when an invariant breaks")
+    add_scenario_arguments(sc)
+    add_serve_options(sc)
+    sc.set_defaults(fn=_lazy("harness.experiments.scenarios", "main"))
+
+    from harness.client import add_client_arguments
+
+    cl = sub.add_parser("client", help="viewer for serve --listen: paced playback, underruns, stall time, media file")
+    add_client_arguments(cl)
+    cl.set_defaults(fn=_lazy("harness.client", "main"))
     return p
 
 

@@ -22,6 +22,7 @@ from harness.drivers.driver import Driver, SessionResult
 from harness.drivers.launcher import LocalLauncher
 from harness.drivers.rundir import manifest, new_run_dir, write_json, write_jsonl
 from harness.measure.events import ChunkEvent
+from harness.measure.metrics import Window, window_for
 
 
 @dataclass
@@ -32,6 +33,26 @@ class ServeOptions:
     progress: bool = True
     faults: dict[str, str] = field(default_factory=dict)
     probes: bool = True  # control round trip measured once before the sessions
+    #: the measurement protocol (name, …), merged into the manifest's ``protocol`` (experiments.protocols sets it)
+    protocol: dict = field(default_factory=lambda: {"name": "timing"})
+    #: extra summary sections computed from the finished run: fn(events, sessions, window) -> dict
+    summary_extra: Callable[[list, list, Window], dict] | None = None
+    #: replaces the fixed loop over ``runtime.sessions`` (the network endpoint, the scenarios): it runs
+    #: its own sessions on the launched topology and returns when done; teardown stays serve's
+    session_runner: Callable[["ServeContext"], None] | None = None
+
+
+@dataclass
+class ServeContext:
+    """What a session runner gets: the launched topology and the run directory's writers."""
+
+    cfg: HarnessConfig
+    driver: Driver
+    launcher: LocalLauncher
+    ring_slots: int
+    run_dir: Path
+    write_event: Callable[[ChunkEvent], None]  # one events.jsonl row
+    add_result: Callable[[SessionResult], None]  # a finished session, for sessions/frames/hashes files
 
 
 @dataclass
@@ -54,6 +75,9 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
     from harness.hooks import parse_hooks
 
     cfg = configure(opts.candidates, cfg)  # refuses unknown/conflicting/inapplicable ids before anything starts
+    from harness.workers.encoder_worker import check_sink_spec
+
+    check_sink_spec(cfg.runtime.sink)  # a bad sink fails here, not as a dead encoder after launch
     hookset = parse_hooks(opts.hooks)
     opts = ServeOptions(**{**opts.__dict__, "hooks": hookset.items()})
     run_dir = new_run_dir(opts.out, cfg.name)
@@ -66,6 +90,7 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
     status, error, probes = "running", None, {}
     man = manifest(cfg, candidates=opts.candidates, hooks=opts.hooks, placement=None, devices=None,
                    extra={"status": status, "ring": {"slots": cfg.runtime.ring_slots, "slot_bytes": ring.spec.slot_bytes}})
+    man["protocol"].update(opts.protocol, window=msgspec.to_builtins(window_for(cfg.video.chunks_per_session)))
     write_json(run_dir / "manifest.json", man)
 
     def on_chunk(ev: ChunkEvent, _reply=None) -> None:
@@ -83,19 +108,30 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
         if opts.probes:
             rt = sorted(driver.control_round_trip_ns(20))
             probes["control_round_trip_ns_p50"] = rt[len(rt) // 2]
-        bar = _progress(cfg, opts.progress)
-        for s in range(cfg.runtime.sessions):
-            res = driver.run_session(session=s, epoch=s, seed=cfg.runtime.seed + s)
-            results.append(res)
-            if on_session:
-                on_session(res)
+        if opts.session_runner is not None:
+            def add_result(res: SessionResult) -> None:
+                results.append(res)
+                if on_session:
+                    on_session(res)
+
+            opts.session_runner(ServeContext(cfg, driver, launcher, cfg.runtime.ring_slots, run_dir, on_chunk, add_result))
+        else:
+            bar = _progress(cfg, opts.progress)
+            for s in range(cfg.runtime.sessions):
+                res = driver.run_session(session=s, epoch=s, seed=cfg.runtime.seed + s)
+                results.append(res)
+                if on_session:
+                    on_session(res)
+                if bar is not None:
+                    bar.update(cfg.video.chunks_per_session)
             if bar is not None:
-                bar.update(cfg.video.chunks_per_session)
-        if bar is not None:
-            bar.close()
+                bar.close()
         status = "complete"
     except BaseException as e:
-        status, error = ("interrupted" if isinstance(e, KeyboardInterrupt) else "failed"), f"{type(e).__name__}: {e}"
+        cause = explain_failure(launcher, e)
+        status, error = ("interrupted" if isinstance(e, KeyboardInterrupt) else "failed"), f"{type(cause).__name__}: {cause}"
+        if cause is not e:
+            raise cause from e
         raise
     finally:
         if driver is not None:
@@ -120,7 +156,8 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
     write_jsonl(run_dir / "outputs" / "hashes.jsonl", [h for r in results for h in r.chunk_hashes])
     write_jsonl(run_dir / "frames.jsonl", [{"session": r.start.session, "frame_sha256": r.frame_sha256} for r in results])
     events = read_events(run_dir / "events.jsonl")
-    summary = msgspec.to_builtins(build_summary(events, [r.start for r in results]))
+    window = window_for(cfg.video.chunks_per_session)  # a short session keeps the part of the window it has
+    summary = msgspec.to_builtins(build_summary(events, [r.start for r in results], window=window))
     summary["status"] = status
     if error:
         summary["error"] = error
@@ -132,6 +169,12 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
     summary["candidates"] = list(opts.candidates)
     summary["probes"] = probes
     summary["sessions_completed"] = len(results)
+    summary["protocol"] = opts.protocol.get("name", "timing")
+    if opts.summary_extra is not None and events:
+        try:
+            summary.update(opts.summary_extra(events, [r.start for r in results], window))
+        except Exception as e:  # _finish runs in a finally: never mask the run's own error, never lose its summary
+            summary["summary_extra_error"] = f"{type(e).__name__}: {e}"
     write_json(run_dir / "summary.json", summary)
     return summary
 
@@ -142,6 +185,30 @@ def _progress(cfg: HarnessConfig, enabled: bool):
     from tqdm import tqdm
 
     return tqdm(total=cfg.runtime.sessions * cfg.video.chunks_per_session, unit="chunk", desc="serve", leave=False)
+
+
+def explain_failure(launcher: LocalLauncher, err: BaseException) -> BaseException:
+    """The error to report for a failed run: the dead rank, when one was killed.
+
+    A rank that dies takes its collective peers down with it, and when the driver was busy (not
+    waiting in ``poll``) a peer's "connection reset" WorkerError can reach it before the dead
+    rank's sentinel is looked at; the user must be told which rank died, not which one noticed.
+    (This belongs in ``LocalLauncher.poll``: look at sentinels before raising a WorkerError.)"""
+    from multiprocessing.connection import wait
+
+    from harness.drivers.launcher import RankFailed
+
+    if not isinstance(err, RankFailed) or " died: " in str(err).split(";")[0]:
+        return err
+    procs = [p for p in launcher.procs if p.process.pid is not None]
+    wait([p.process.sentinel for p in procs], timeout=0.2)  # a death that caused this error is already visible
+    dead = [p for p in procs if p.process.exitcode is not None and p.process.exitcode < 0]
+    if not dead:
+        return err
+    p = dead[0]
+    then = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return RankFailed(f"{p.name} (pid {p.process.pid}) died: killed by signal {-p.process.exitcode}; "
+                      f"then {then[:160]}")
 
 
 def wait_gone(pids: list[int], timeout_s: float = 10.0) -> list[int]:

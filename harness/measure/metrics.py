@@ -74,6 +74,20 @@ class Window(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
 DEFAULT_WINDOW = Window()
 
 
+def window_for(chunks_per_session: int, base: Window = DEFAULT_WINDOW) -> Window:
+    """``base`` clipped to sessions of ``chunks_per_session`` chunks.
+
+    A short session (e.g. 7 chunks in CI) keeps the tail of the default window that exists
+    (chunks 5–6) instead of counting the absent chunks 7–8 as missing samples; a session too short
+    to reach the window's start uses its own last intervals. Sessions of one chunk have no interval
+    at all, so ``base`` is returned and every slot is reported missing.
+    """
+    last = chunks_per_session - 1
+    if last < 1 or last >= base.last_chunk:
+        return base
+    return Window(first_chunk=min(base.first_chunk, last), last_chunk=last, warmup_epochs=base.warmup_epochs)
+
+
 class Sample(msgspec.Struct, frozen=True):
     session: int
     epoch: int

@@ -1,0 +1,620 @@
+"""``compare``: interleaved A/B of a candidate against a baseline (DESIGN §4 A/B protocol, §5 gates).
+
+Arm A runs the baseline candidates, arm B the baseline plus the candidate(s) under test. Rounds
+alternate A B A B …, one serve launch per round per arm, each launch a timing protocol (1 warm-up
++ the measured sessions of ``--sessions``), into ``OUT/round{r}-{A|B}/``. Alternating launches
+rather than running all A then all B keeps slow drift of the machine (thermal, neighbours) from
+masquerading as a difference between the arms.
+
+Judgement, in this order:
+
+1. **Comparable**: every run complete, same hooks, same steady window, and configs that differ
+   only by what the candidate changes (B's config = the candidate's ``configure`` applied to A's);
+   anything else is refused with one line.
+2. **Numeric gate**: the candidate's declared gate (``exact`` or ``threshold``; the strictest
+   kind that covers every candidate under test) on round 0, B against A. A failure stops the
+   comparison after round 0: no speed is ever claimed for a wrong answer. A serving-gate
+   candidate is judged by its own scenarios; here its gate is recorded as skipped.
+3. **Speed**, per boundary (cpu_ready, encoded, delivered) and for TTFC: ratio of medians
+   candidate/baseline of the steady intervals pooled over rounds, with a 95 % interval from
+   resampling whole sessions of each arm (``stats.ratio_of_medians``), against an **A/A noise
+   floor**: the same statistic between two halves of the baseline. With ≥ 2 rounds the halves
+   are the baseline's even rounds vs its odd rounds — whole launches, so launch-to-launch
+   variance (process placement, allocator state) is in the floor just as it is in A vs B; with
+   one round, the baseline's sessions split alternately. Verdict (``stats.ab_verdict``): faster /
+   slower only when the A/B interval clears 1 by more than the floor, else no resolvable
+   difference.
+
+Outputs: ``OUT/compare.json`` (``CompareResult``) and ``OUT/compare.md``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+from pathlib import Path
+from typing import Callable, Sequence
+
+import msgspec
+
+from harness.errors import HarnessError
+from harness.measure import metrics as M
+from harness.measure import stats as S
+from harness.measure.events import ChunkEvent, SessionStart, read_run
+
+SCHEMA = 1
+BOUNDARIES: tuple[str, ...] = ("cpu_ready", "encoded", "delivered")
+REFERENCE = "cpu_ready"
+TTFC_BOUNDARY = "delivered"
+DEFAULT_ROUNDS = 3
+_ROUND_RE = re.compile(r"^round(\d+)-([AB])$")
+
+
+# ---- records -------------------------------------------------------------------------------
+
+
+class RunRef(msgspec.Struct, frozen=True):
+    round: int
+    arm: str
+    dir: str
+    candidates: list[str]
+    status: str
+
+
+class GateRecord(msgspec.Struct, frozen=True):
+    #: "exact" | "threshold" | "serving"
+    kind: str
+    #: "pass" | "fail" | "skipped"
+    status: str
+    verdict: str
+    reference_mode: str
+    run_a: str | None = None
+    run_b: str | None = None
+    n_compared: int = 0
+    n_failed: int = 0
+
+    @property
+    def passed_for_speed(self) -> bool | None:
+        """What the speed verdict may assume: a skipped (serving) gate does not block it."""
+        return {"pass": True, "fail": False, "skipped": True}.get(self.status)
+
+
+class Ratio(msgspec.Struct, frozen=True):
+    value: float
+    low: float
+    high: float
+    n_sessions: int
+    n_samples: int
+
+
+class Row(msgspec.Struct, frozen=True):
+    metric: str
+    boundary: str
+    baseline_ms: float | None
+    candidate_ms: float | None
+    ab: Ratio | None
+    aa: Ratio | None
+    noise_floor: float | None
+    #: True/False only when a verdict was allowed (gate passed and an estimate exists)
+    significant: bool | None
+    verdict: str
+    reason: str
+    baseline_samples: int
+    candidate_samples: int
+
+
+class CompareResult(msgspec.Struct, frozen=True):
+    schema: int
+    candidate: list[str]
+    baseline: list[str]
+    rounds_requested: int
+    rounds_run: int
+    order: str
+    protocol: dict
+    runs: list[RunRef]
+    gate: GateRecord
+    noise_floor_method: str
+    reference: str
+    verdict: str
+    reason: str
+    rows: list[Row]
+    bootstrap: dict
+    stopped_early: str | None = None
+
+
+# ---- reading and checking runs -------------------------------------------------------------
+
+
+class RunMeta(msgspec.Struct, frozen=True):
+    round: int
+    arm: str
+    dir: str
+    manifest: dict
+    summary: dict
+
+    @property
+    def candidates(self) -> list[str]:
+        return list(self.manifest.get("candidates", []))
+
+    @property
+    def hooks(self) -> list[str]:
+        return sorted(self.summary.get("hooks", self.manifest.get("hooks", [])))
+
+    @property
+    def window(self) -> M.Window:
+        w = self.summary["window"]
+        return M.Window(first_chunk=w["first_chunk"], last_chunk=w["last_chunk"], warmup_epochs=w["warmup_epochs"])
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return msgspec.json.decode(path.read_bytes())
+    except FileNotFoundError:
+        raise HarnessError(f"{path} is missing: not a finished run directory") from None
+    except (OSError, msgspec.DecodeError) as e:
+        raise HarnessError(f"{path} is unreadable: {e}") from None
+
+
+def load_meta(run_dir: Path, round_: int, arm: str) -> RunMeta:
+    return RunMeta(round_, arm, os.fspath(run_dir), _read_json(run_dir / "manifest.json"), _read_json(run_dir / "summary.json"))
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, object]:
+    """Nested dict → {"runtime.scheduler": …}; lists stay whole (a changed list is one difference)."""
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def config_diff(a: dict, b: dict) -> list[str]:
+    """Dotted paths whose values differ between two config dicts (absent on one side counts)."""
+    fa, fb = flatten(a), flatten(b)
+    return sorted(k for k in fa.keys() | fb.keys() if fa.get(k, _MISSING) != fb.get(k, _MISSING))
+
+
+_MISSING = object()
+
+
+def expected_candidate_config(a_config: dict, candidate: Sequence[str]) -> dict:
+    """A's config with the candidate's configuration part applied: what B's must be."""
+    from harness.candidates import configure
+    from harness.config import HarnessConfig, to_dict
+
+    try:
+        cfg = msgspec.convert(a_config, HarnessConfig)
+    except msgspec.ValidationError as e:
+        raise HarnessError(f"baseline manifest config is not a valid config: {e}") from None
+    # through JSON, so tuples compare equal to the lists a manifest holds
+    return msgspec.json.decode(msgspec.json.encode(to_dict(configure(tuple(candidate), cfg))))
+
+
+def candidate_of(a: RunMeta, b: RunMeta) -> list[str]:
+    """The specs B runs on top of A's (A's must be a prefix-free subset of B's)."""
+    missing = [c for c in a.candidates if c not in b.candidates]
+    if missing:
+        raise HarnessError(f"run {b.dir} lacks baseline candidate(s) {', '.join(missing)} of {a.dir}")
+    extra = [c for c in b.candidates if c not in a.candidates]
+    if not extra:
+        raise HarnessError(f"runs {a.dir} and {b.dir} apply the same candidates: nothing to compare")
+    return extra
+
+
+def _describe(paths: list[str], a: dict, b: dict, limit: int = 3) -> str:
+    fa, fb = flatten(a), flatten(b)
+    parts = [f"{p} ({fa.get(p, '—')!r} vs {fb.get(p, '—')!r})" for p in paths[:limit]]
+    return ", ".join(parts) + (f" (+{len(paths) - limit} more)" if len(paths) > limit else "")
+
+
+def check_comparable(runs_a: Sequence[RunMeta], runs_b: Sequence[RunMeta]) -> list[str]:
+    """Refuse (HarnessError, one line) anything but a clean A/B; returns the candidate specs under test."""
+    if not runs_a or not runs_b:
+        raise HarnessError("a comparison needs at least one baseline (A) and one candidate (B) run")
+    every = list(runs_a) + list(runs_b)
+    for r in every:
+        status = r.summary.get("status", r.manifest.get("status"))
+        if status != "complete":
+            raise HarnessError(f"run {r.dir} did not complete (status {status}); refusing to compare it")
+    hooks = {tuple(r.hooks) for r in every}
+    if len(hooks) > 1:
+        by = sorted({(tuple(r.hooks), r.dir) for r in every})
+        first, other = by[0], next(x for x in by if x[0] != by[0][0])
+        raise HarnessError(f"runs differ in hooks ({first[1]}: {list(first[0]) or 'none'} vs {other[1]}: "
+                           f"{list(other[0]) or 'none'}); hooks change timing, compare runs with the same hooks")
+    windows = {(r.window.first_chunk, r.window.last_chunk, r.window.warmup_epochs) for r in every}
+    if len(windows) > 1:
+        raise HarnessError(f"runs differ in steady window {sorted(windows)}; refusing to pool them")
+    a0, b0 = runs_a[0], runs_b[0]
+    for arm, runs in (("A", runs_a), ("B", runs_b)):
+        ref = runs[0]
+        for r in runs[1:]:
+            if r.candidates != ref.candidates:
+                raise HarnessError(f"arm {arm} runs differ in candidates ({ref.dir}: {ref.candidates} vs {r.dir}: {r.candidates})")
+            diff = config_diff(ref.manifest["config"], r.manifest["config"])
+            if diff:
+                raise HarnessError(f"arm {arm} runs differ in config: {_describe(diff, ref.manifest['config'], r.manifest['config'])}")
+    cand = candidate_of(a0, b0)
+    want = expected_candidate_config(a0.manifest["config"], cand)
+    beyond = config_diff(want, b0.manifest["config"])
+    if beyond:
+        raise HarnessError(f"config of {b0.dir} differs from {a0.dir} beyond what {', '.join(cand)} changes: "
+                           f"{_describe(beyond, want, b0.manifest['config'])}")
+    if not config_diff(a0.manifest["config"], want) and not _patches_engine(cand):
+        raise HarnessError(f"candidate {', '.join(cand)} changes nothing on this config (already applied by the "
+                           f"options?); A and B would be the same run")
+    return cand
+
+
+def _patches_engine(specs: Sequence[str]) -> bool:
+    from harness.candidates import get, split_id
+
+    return any(c.patch_dit or c.patch_vae or c.patch_output for c in (get(split_id(s)[0]) for s in specs))
+
+
+# ---- the gate ------------------------------------------------------------------------------
+
+
+def gate_kind(kinds: Sequence[str]) -> str:
+    """The gate that covers every candidate under test: exact unless one of them allows a
+    threshold; "serving" when none of them has a numeric gate."""
+    numeric = {k for k in kinds if k != "serving"}
+    if not numeric:
+        return "serving"
+    return "threshold" if "threshold" in numeric else "exact"
+
+
+def run_gate(a: RunMeta, b: RunMeta, candidate: Sequence[str]) -> GateRecord:
+    from harness.candidates import get, split_id
+    from harness.measure.gates import gate
+
+    cands = [get(split_id(s)[0]) for s in candidate]
+    kind = gate_kind([c.gate for c in cands])
+    mode = a.manifest.get("mode", "?")
+    refs = sorted({c.reference for c in cands})
+    note = ""
+    if "deterministic" in refs and mode != "deterministic":
+        note = f" (candidate's reference mode is deterministic; these runs are {mode})"
+    if kind == "serving":
+        return GateRecord("serving", "skipped", "skipped: a serving-gate candidate is judged by its scenarios, not by outputs",
+                          "/".join(refs), a.dir, b.dir)
+    g = gate(a.dir, b.dir, kind)
+    return GateRecord(kind, "pass" if g.passed else "fail", g.verdict + note, "/".join(refs), a.dir, b.dir, g.n_compared, g.n_failed)
+
+
+# ---- timing --------------------------------------------------------------------------------
+
+#: per round, per session, the samples (ns) of one figure
+Rounds = list[list[list[int]]]
+
+
+def interval_sessions(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart], boundary: str, window: M.Window) -> list[list[int]]:
+    if boundary not in M.boundaries_seen(events):
+        return []
+    return M.steady_intervals(events, boundary, window, sessions).per_session()
+
+
+def ttfc_sessions(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart], boundary: str, window: M.Window) -> list[list[int]]:
+    """TTFC as one-sample sessions, so the same session bootstrap applies."""
+    if not sessions or boundary not in M.boundaries_seen(events):
+        return []
+    values = M.ttfc(events, sessions, boundary, window).values
+    return [[int(values[k])] for k in sorted(values, key=lambda k: (k[1], k[0]))]
+
+
+def pooled(rounds: Rounds) -> list[list[int]]:
+    return [s for r in rounds for s in r if s]
+
+
+def aa_halves(rounds: Rounds) -> tuple[list[list[int]], list[list[int]], str] | None:
+    """Two halves of the baseline for the A/A comparison, and how they were drawn."""
+    with_samples = [[s for s in r if s] for r in rounds]
+    with_samples = [r for r in with_samples if r]
+    if len(with_samples) >= 2:
+        x = [s for r in with_samples[0::2] for s in r]
+        y = [s for r in with_samples[1::2] for s in r]
+        return x, y, "rounds"
+    if with_samples:
+        x, y = S.split_alternating(with_samples[0])
+        if x and y:
+            return x, y, "sessions"
+    return None
+
+
+def noise_floor_method(rounds: int) -> str:
+    if rounds >= 2:
+        return ("A/A = baseline even rounds (0, 2, …) vs odd rounds (1, 3, …), ratio of medians with the same "
+                "session bootstrap; floor = farthest end of its 95 % interval from 1 (launch-to-launch noise included)")
+    return ("A/A = the baseline round's sessions split alternately (one launch: launch-to-launch noise not "
+            "included); floor = farthest end of its 95 % interval from 1")
+
+
+MIN_SESSIONS_PER_ARM = 2
+
+
+def resolution_shortfall(n_base_sessions: int, n_cand_sessions: int, has_aa: bool) -> str | None:
+    """Why the data cannot resolve a difference at all, or None when it can."""
+    if min(n_base_sessions, n_cand_sessions) < MIN_SESSIONS_PER_ARM:
+        return (f"too few sessions to resolve a difference ({n_base_sessions} baseline, {n_cand_sessions} candidate; "
+                f"need ≥ {MIN_SESSIONS_PER_ARM} each)")
+    if not has_aa:
+        return "no A/A noise floor (the baseline cannot be split in two)"
+    return None
+
+
+def _ratio(e: S.Estimate) -> Ratio:
+    return Ratio(e.value, e.low, e.high, e.n_sessions, e.n_samples)
+
+
+def compare_metric(metric: str, boundary: str, base: Rounds, cand: Rounds, gate_passed: bool | None, boot: dict) -> Row:
+    b, c = pooled(base), pooled(cand)
+    nb, nc = sum(map(len, b)), sum(map(len, c))
+    if not b or not c:
+        side = "baseline" if not b else "candidate"
+        return Row(metric, boundary, None, None, None, None, None, None, "no verdict", f"no {side} samples", nb, nc)
+    ab = S.ratio_of_medians(b, c, **boot)
+    halves = aa_halves(base)
+    aa = S.ratio_of_medians(halves[0], halves[1], **boot) if halves else None
+    v = S.ab_verdict(ab, aa, gate_passed)
+    short = resolution_shortfall(len(b), len(c), aa is not None)
+    if short and v.verdict in ("faster", "slower"):
+        # One session per arm bootstraps to a single point and no A/A means no floor: an interval
+        # of zero width would "clear" any band, so nothing is resolved.
+        v = msgspec.structs.replace(v, verdict="no resolvable difference", reason=f"{short}; {v.reason}")
+    significant = None if v.verdict == "no verdict" else v.verdict in ("faster", "slower")
+    return Row(
+        metric, boundary,
+        S.nearest_rank([x for s in b for x in s], 50) / 1e6, S.nearest_rank([x for s in c for x in s], 50) / 1e6,
+        _ratio(ab), _ratio(aa) if aa else None, v.noise_floor, significant, v.verdict, v.reason, nb, nc,
+    )
+
+
+class RunData(msgspec.Struct, frozen=True):
+    meta: RunMeta
+    events: list[ChunkEvent]
+    sessions: list[SessionStart]
+
+
+def load_data(meta: RunMeta) -> RunData:
+    events, sessions = read_run(meta.dir, tolerate_partial_tail=True)
+    return RunData(meta, events, sessions)
+
+
+def metric_rounds(runs: Sequence[RunData], fn: Callable, boundary: str) -> Rounds:
+    return [fn(r.events, r.sessions, boundary, r.meta.window) for r in runs]
+
+
+def timing_rows(runs_a: Sequence[RunData], runs_b: Sequence[RunData], gate_passed: bool | None, boot: dict) -> list[Row]:
+    rows = [
+        compare_metric(f"steady interval P50 @ {b}", b, metric_rounds(runs_a, interval_sessions, b),
+                       metric_rounds(runs_b, interval_sessions, b), gate_passed, boot)
+        for b in BOUNDARIES
+    ]
+    rows.append(compare_metric(f"TTFC P50 @ {TTFC_BOUNDARY}", TTFC_BOUNDARY, metric_rounds(runs_a, ttfc_sessions, TTFC_BOUNDARY),
+                               metric_rounds(runs_b, ttfc_sessions, TTFC_BOUNDARY), gate_passed, boot))
+    return rows
+
+
+# ---- analysis of a comparison directory ----------------------------------------------------
+
+
+def round_dirs(out: Path) -> list[tuple[int, str, Path]]:
+    """(round, arm, dir) of every ``round{r}-{A|B}`` directory under ``out``, in run order."""
+    found = []
+    for p in out.iterdir() if out.is_dir() else ():
+        m = _ROUND_RE.match(p.name)
+        if m and p.is_dir():
+            found.append((int(m.group(1)), m.group(2), p))
+    return sorted(found, key=lambda t: (t[0], t[1]))
+
+
+def analyze(
+    runs_a: Sequence[RunMeta],
+    runs_b: Sequence[RunMeta],
+    *,
+    rounds_requested: int,
+    gate_record: GateRecord | None = None,
+    stopped_early: str | None = None,
+    n_boot: int = S.DEFAULT_BOOT,
+    seed: int = S.DEFAULT_SEED,
+) -> CompareResult:
+    cand = check_comparable(runs_a, runs_b)
+    g = gate_record or run_gate(runs_a[0], runs_b[0], cand)
+    boot = {"n_boot": n_boot, "seed": seed, "confidence": S.DEFAULT_CONFIDENCE}
+    data_a, data_b = [load_data(r) for r in runs_a], [load_data(r) for r in runs_b]
+    rows = timing_rows(data_a, data_b, g.passed_for_speed, boot)
+    head = next(r for r in rows if r.boundary == REFERENCE and r.metric.startswith("steady"))
+    reason = head.reason
+    if g.status == "skipped":
+        reason += "; gate: " + g.verdict
+    a0 = runs_a[0]
+    proto = {k: v for k, v in a0.manifest.get("protocol", {}).items() if k != "ab"}  # "ab" names one launch only
+    refs = sorted([*runs_a, *runs_b], key=lambda r: (r.round, r.arm))
+    return CompareResult(
+        schema=SCHEMA,
+        candidate=cand,
+        baseline=a0.candidates,
+        rounds_requested=rounds_requested,
+        rounds_run=len({r.round for r in runs_b}),
+        order=" ".join(f"{r.arm}{r.round}" for r in refs),
+        protocol=proto,
+        runs=[RunRef(r.round, r.arm, r.dir, r.candidates, r.summary.get("status", "?")) for r in refs],
+        gate=g,
+        noise_floor_method=noise_floor_method(len({r.round for r in runs_a})),
+        reference=REFERENCE,
+        verdict=head.verdict,
+        reason=reason,
+        rows=rows,
+        bootstrap={**boot, "method": "session"},
+        stopped_early=stopped_early,
+    )
+
+
+def reanalyze(out: Path, **kw) -> CompareResult:
+    """Judge the round directories already under ``out`` (no serving)."""
+    dirs = round_dirs(out)
+    if not dirs:
+        raise HarnessError(f"{out} holds no round{{r}}-A / round{{r}}-B run directories")
+    metas = [load_meta(p, r, arm) for r, arm, p in dirs]
+    runs_a = [m for m in metas if m.arm == "A"]
+    runs_b = [m for m in metas if m.arm == "B"]
+    return analyze(runs_a, runs_b, rounds_requested=len({m.round for m in metas}), **kw)
+
+
+# ---- rendering -----------------------------------------------------------------------------
+
+
+def _f(x: float | None, fmt: str = "{:.1f}") -> str:
+    return "—" if x is None else fmt.format(x)
+
+
+def _sig(row: Row) -> str:
+    if row.significant is None:
+        return "—"
+    return f"yes ({row.verdict})" if row.significant else "no"
+
+
+def render_md(res: CompareResult) -> str:
+    g = res.gate
+    lines = [
+        f"# compare: {' + '.join(res.candidate)} vs baseline {' + '.join(res.baseline) or '(no candidate)'}",
+        "",
+        f"**Verdict @ {res.reference}: {res.verdict}** — {res.reason}",
+        "",
+        f"- gate: **{g.status}** ({g.kind}) — {g.verdict}",
+        f"- rounds: {res.rounds_run} of {res.rounds_requested} requested, order {res.order}"
+        + (f"; stopped early: {res.stopped_early}" if res.stopped_early else ""),
+        f"- protocol per launch: {res.protocol.get('name', 'timing')}, {res.protocol.get('sessions', '?')} sessions "
+        f"(1 warm-up), {res.protocol.get('chunks_per_session', '?')} chunks, window {res.protocol.get('window', '?')}",
+        f"- statistic: ratio of medians candidate/baseline (< 1 = candidate faster), 95 % session-bootstrap interval "
+        f"({res.bootstrap['n_boot']} replicates, seed {res.bootstrap['seed']})",
+        f"- noise floor: {res.noise_floor_method}",
+        "",
+        "| metric | baseline | candidate | ratio | 95 % interval | A/A interval (floor) | significant? | gate |",
+        "|---|---:|---:|---:|---|---|---|---|",
+    ]
+    for r in res.rows:
+        ab = r.ab
+        aa = f"[{r.aa.low:.4f}, {r.aa.high:.4f}] (±{r.noise_floor:.4f})" if r.aa and r.noise_floor is not None else "—"
+        lines.append(
+            f"| {r.metric} | {_f(r.baseline_ms)} ms | {_f(r.candidate_ms)} ms | {_f(ab.value if ab else None, '{:.4f}')} | "
+            f"{f'[{ab.low:.4f}, {ab.high:.4f}]' if ab else '—'} | {aa} | {_sig(r)} | {g.status} ({g.kind}) |"
+        )
+    lines += ["", "## runs", "", "| round | arm | candidates | status | directory |", "|---:|---|---|---|---|"]
+    for r in res.runs:
+        lines.append(f"| {r.round} | {r.arm} | {', '.join(r.candidates) or '—'} | {r.status} | `{r.dir}` |")
+    lines += ["", "Samples per row: steady intervals pooled over rounds (TTFC: one per measured session).", ""]
+    return "\n".join(lines)
+
+
+def write_outputs(out: Path, res: CompareResult) -> tuple[Path, Path]:
+    from harness.drivers.rundir import write_json
+
+    j, md = out / "compare.json", out / "compare.md"
+    write_json(j, msgspec.to_builtins(res))
+    tmp = md.with_suffix(".md.tmp")
+    tmp.write_text(render_md(res))
+    tmp.replace(md)
+    return j, md
+
+
+def summary_lines(res: CompareResult) -> list[str]:
+    out = [f"gate: {res.gate.status} ({res.gate.kind}) — {res.gate.verdict}"]
+    for r in res.rows:
+        if r.ab:
+            out.append(f"  {r.metric:<34} {_f(r.baseline_ms)} → {_f(r.candidate_ms)} ms  ratio {r.ab.value:.4f} "
+                       f"[{r.ab.low:.4f}, {r.ab.high:.4f}]  {r.verdict}")
+        else:
+            out.append(f"  {r.metric:<34} {r.reason}")
+    out.append(f"verdict @ {res.reference}: {res.verdict}")
+    return out
+
+
+# ---- running -------------------------------------------------------------------------------
+
+
+def default_out(candidate: Sequence[str]) -> Path:
+    from harness.drivers.rundir import REPO_ROOT
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    tag = "+".join(s.replace(":", "-") for s in candidate)
+    return REPO_ROOT / "runs" / f"{stamp}-compare-{tag}-{os.getpid()}"
+
+
+def run_compare(
+    cfg,
+    baseline: Sequence[str],
+    candidate: Sequence[str],
+    *,
+    rounds: int = DEFAULT_ROUNDS,
+    out: Path,
+    hooks: tuple[str, ...] = (),
+    progress: bool = False,
+    log: Callable[[str], None] = print,
+    n_boot: int = S.DEFAULT_BOOT,
+) -> CompareResult:
+    from harness.candidates import configure, resolve
+    from harness.drivers.serve import ServeOptions, serve
+    from harness.experiments.protocols import protocol_for, serve_options
+
+    if rounds < 1:
+        raise HarnessError(f"--rounds must be ≥ 1, got {rounds}")
+    if not candidate:
+        raise HarnessError("compare needs --candidate ID (the candidate under test)")
+    both = [s for s in candidate if s in baseline]
+    if both:
+        raise HarnessError(f"{', '.join(both)} is both the candidate and in the baseline")
+    a_specs, b_specs = tuple(baseline), tuple(baseline) + tuple(candidate)
+    resolve(b_specs, cfg)  # unknown ids, conflicts, unmet needs: refused before anything launches
+    if configure(a_specs, cfg) == configure(b_specs, cfg) and not _patches_engine(candidate):
+        raise HarnessError(f"candidate {', '.join(candidate)} changes nothing on this config (already set by the "
+                           f"options?); A and B would be the same run")
+    if round_dirs(out) or (out / "compare.json").exists():
+        raise HarnessError(f"{out} already holds a comparison; choose another --out (or --reanalyze it)")
+    out.mkdir(parents=True, exist_ok=True)
+    proto = protocol_for("timing", cfg)
+    metas: dict[str, list[RunMeta]] = {"A": [], "B": []}
+    gate_rec, stopped = None, None
+    for r in range(rounds):
+        for arm, specs in (("A", a_specs), ("B", b_specs)):
+            d = out / f"round{r}-{arm}"
+            opts = serve_options(proto, ServeOptions(out=str(d), candidates=specs, hooks=hooks, progress=progress))
+            opts.protocol["ab"] = {"round": r, "arm": arm, "compare_dir": os.fspath(out)}
+            res = serve(cfg, opts)
+            head = res.summary.get("headline", {})
+            p50 = head.get("p50_ms")
+            log(f"round {r} {arm} ({', '.join(specs) or 'baseline'}): {d}  P50 @ {head.get('boundary')} "
+                f"{_f(p50)} ms (n={head.get('n')})")
+            metas[arm].append(load_meta(d, r, arm))
+        if r == 0:
+            cand = check_comparable(metas["A"], metas["B"])  # refuse before spending more rounds
+            gate_rec = run_gate(metas["A"][0], metas["B"][0], cand)
+            log(f"gate ({gate_rec.kind}): {gate_rec.verdict}")
+            if gate_rec.status == "fail":
+                stopped = "numeric gate failed on round 0: no speed is claimed, remaining rounds skipped"
+                break
+    return analyze(metas["A"], metas["B"], rounds_requested=rounds, gate_record=gate_rec, stopped_early=stopped, n_boot=n_boot)
+
+
+def main(args) -> int:
+    from harness.cli import EXIT_FAIL, parse_hooks, resolve_config
+
+    if args.reanalyze:
+        if not args.out:
+            raise HarnessError("--reanalyze needs --out DIR (the comparison directory)")
+        out = Path(args.out)
+        res = reanalyze(out)
+    else:
+        cfg = resolve_config(args)
+        out = Path(args.out) if args.out else default_out(args.candidate or ["none"])
+        res = run_compare(cfg, args.baseline, args.candidate, rounds=args.rounds, out=out,
+                          hooks=parse_hooks(args.hooks), progress=not args.no_progress)
+    j, md = write_outputs(out, res)
+    for line in summary_lines(res):
+        print(line)
+    print(f"wrote {j} and {md}")
+    return EXIT_FAIL if res.gate.status == "fail" else 0

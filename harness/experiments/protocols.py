@@ -1,0 +1,108 @@
+"""Measurement protocols (DESIGN §4): how many sessions a serve runs and what its summary adds.
+
+- ``timing``: 1 warm-up + the measured sessions of the config (``--sessions`` counts them all);
+  steady chunks 5–8 (clipped to shorter sessions by ``metrics.window_for``).
+- ``long-tail``: 1 warm-up + 250 measured sessions unless ``--sessions`` says otherwise, i.e.
+  1000 steady intervals at the default window; the summary gains ``long_tail``: P50/P95/P99/max
+  with session-bootstrap intervals and the slowest steady samples broken down by boundary and
+  stage (``measure.tails``).
+
+The protocol is recorded in the manifest (``protocol.name``, sessions, window) and its name in
+``summary.json``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from harness.config import HarnessConfig, override
+from harness.drivers.serve import ServeOptions, ServeResult, serve
+from harness.errors import HarnessError
+from harness.measure import tails
+from harness.measure.metrics import window_for
+
+ProtocolName = Literal["timing", "long-tail"]
+PROTOCOLS: tuple[str, ...] = ("timing", "long-tail")
+WARMUP_SESSIONS = 1
+LONG_TAIL_MEASURED = 250
+TAIL_BOUNDARIES: tuple[str, ...] = ("cpu_ready", "encoded", "delivered")
+TAIL_REFERENCE = "cpu_ready"
+
+
+class Protocol(msgspec.Struct, frozen=True, kw_only=True):
+    name: ProtocolName
+    #: every session, the warm-up one included (the meaning of --sessions)
+    sessions: int
+    warmup_sessions: int = WARMUP_SESSIONS
+    chunks_per_session: int
+    window_first_chunk: int
+    window_last_chunk: int
+    #: long-tail only: how many slowest samples the summary breaks down
+    slowest: int = 0
+    reference: str = TAIL_REFERENCE
+
+    @property
+    def measured_sessions(self) -> int:
+        return self.sessions - self.warmup_sessions
+
+
+def protocol_for(name: str, cfg: HarnessConfig, sessions: int | None = None, slowest: int = tails.DEFAULT_SLOWEST) -> Protocol:
+    """The protocol ``name`` on ``cfg``; ``sessions`` (all of them, warm-up included) overrides its default."""
+    if name not in PROTOCOLS:
+        raise HarnessError(f"unknown protocol {name!r} (known: {', '.join(PROTOCOLS)})")
+    if sessions is not None and sessions < 1:
+        raise HarnessError(f"--sessions must be ≥ 1, got {sessions}")
+    if name == "long-tail":
+        n = sessions if sessions is not None else WARMUP_SESSIONS + LONG_TAIL_MEASURED
+        if n <= WARMUP_SESSIONS:
+            raise HarnessError(f"the long-tail protocol needs measured sessions after the warm-up; --sessions {n} has none")
+    else:
+        n, slowest = sessions if sessions is not None else cfg.runtime.sessions, 0
+    w = window_for(cfg.video.chunks_per_session)
+    return Protocol(name=name, sessions=n, chunks_per_session=cfg.video.chunks_per_session,
+                    window_first_chunk=w.first_chunk, window_last_chunk=w.last_chunk, slowest=slowest)
+
+
+def apply(cfg: HarnessConfig, proto: Protocol) -> HarnessConfig:
+    return override(cfg, runtime={"sessions": proto.sessions})
+
+
+def summary_extra(proto: Protocol):
+    """What the protocol adds to ``summary.json`` (None: nothing)."""
+    if proto.name != "long-tail":
+        return None
+
+    def long_tail(events, sessions, window) -> dict:
+        t = tails.tail_summary(events, sessions, window, reference=proto.reference, boundaries=TAIL_BOUNDARIES, k=proto.slowest)
+        return {"long_tail": msgspec.to_builtins(t)}
+
+    return long_tail
+
+
+def serve_options(proto: Protocol, opts: ServeOptions) -> ServeOptions:
+    return ServeOptions(**{**opts.__dict__, "protocol": msgspec.to_builtins(proto), "summary_extra": summary_extra(proto)})
+
+
+def run_protocol(name: str, cfg: HarnessConfig, opts: ServeOptions, sessions: int | None = None) -> ServeResult:
+    """Serve ``cfg`` under protocol ``name`` (``sessions``: the user's --sessions, if given)."""
+    proto = protocol_for(name, cfg, sessions)
+    return serve(apply(cfg, proto), serve_options(proto, opts))
+
+
+def protocol_lines(summary: dict, top: int = 3) -> list[str]:
+    """Console lines a protocol adds to serve's headline."""
+    lt = summary.get("long_tail")
+    if not lt:
+        return []
+    out = []
+    for b, t in lt["boundaries"].items():
+        pct = "  ".join(f"P{p['p']:g} {p['ms']:.1f} ms" + (" (=max)" if p["is_max"] else "") for p in t["percentiles"])
+        out.append(f"  long-tail {b:<10} {pct}  max {t['max_ms']:.1f} ms  (n={t['n']}, {t['n_sessions']} sessions)")
+    for s in lt["slowest"][:top]:
+        out.append(f"  slowest #{s['rank']}: epoch {s['epoch']} chunk {s['chunk']} {s['interval_ms']:.1f} ms "
+                   f"(+{s['excess_ms']:.1f} vs median) — grew: {s['grew'] or '-'}, first late at {s['first_late'] or '-'}")
+    if lt["culprits"]:
+        out.append("  culprits over the slowest: " + ", ".join(f"{k} {v}" for k, v in lt["culprits"].items()))
+    return out

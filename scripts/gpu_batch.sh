@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# GPU measurements for docs/results: engine benchmarks and full-size serves on one or two GPUs.
+# Usage: scripts/gpu_batch.sh OUT_DIR [STEP…]   (steps: bench1 bench2 bench704 served servee servee-shared checks)
+# Run directories go to a scratch folder (media and saved outputs are large); the small files
+# (summaries, events, manifests, logs, bench JSON) are packed into OUT_DIR/results.tgz.
+set -uo pipefail
+OUT=${1:?usage: gpu_batch.sh OUT_DIR [STEP...]}; shift
+STEPS=${*:-bench1 bench2 served servee}
+SCRATCH=${SCRATCH:-/tmp/harness-gpu}
+mkdir -p "$OUT" "$SCRATCH"
+export PYTHONUNBUFFERED=1
+H="python3 -m harness"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv > "$SCRATCH/gpus.csv" 2>&1
+python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" > "$SCRATCH/versions.txt" 2>&1
+step() { local name=$1; shift; echo "=== $name: $*"; local t0=$SECONDS; timeout "${STEP_TIMEOUT:-420}" "$@" > "$SCRATCH/$name.log" 2>&1; echo "rc=$? ${name} $((SECONDS-t0))s" | tee -a "$SCRATCH/steps.txt"; tail -n 12 "$SCRATCH/$name.log"; }
+for s in $STEPS; do
+  case $s in
+    bench1)   step bench-480-sp1 $H bench-engine --preset lingbot-480x832 --device cuda --json "$SCRATCH/bench-480-sp1.json" ;;
+    bench2)   step bench-480-sp2 $H bench-engine --preset lingbot-480x832 --device cuda --sp 2 --vae-ranks 2 --json "$SCRATCH/bench-480-sp2.json" ;;
+    bench704) step bench-704-sp1 $H bench-engine --preset lingbot-704x1280 --device cuda --json "$SCRATCH/bench-704-sp1.json" ;;
+    served)   step serve-480-d $H serve --preset lingbot-480x832 --device cuda --sessions "${SESSIONS:-2}" --scheduler case-d --out "$SCRATCH/serve-480-d" --no-progress ;;
+    servee)   step serve-480-e-separate $H serve --preset lingbot-480x832 --device cuda --sessions "${SESSIONS:-2}" --scheduler case-e --dit-gpus 0 --vae-gpus 1 --out "$SCRATCH/serve-480-e-separate" --no-progress ;;
+    servee-shared) step serve-480-e-shared $H serve --preset lingbot-480x832 --device cuda --sessions "${SESSIONS:-2}" --scheduler case-e --out "$SCRATCH/serve-480-e-shared" --no-progress ;;
+    checks)   step gpu-checks python3 -m harness.experiments.gpu_checks --json "$SCRATCH/gpu-checks.json" ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
+(cd "$SCRATCH" && tar czf "$OUT/results.tgz" --exclude='*.npy' --exclude='*.mkv' --exclude='*.part' --exclude='dispatch*.jsonl' .)
+ls -la "$OUT"

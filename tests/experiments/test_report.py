@@ -1,0 +1,88 @@
+"""``report``: tables and PNG plots, rendered headless, from hand-built and real run directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.cli import main
+from harness.measure import metrics as M
+from harness.measure import report as R
+from harness.measure.events import write_events, write_sessions
+
+
+def open_png(path: Path) -> np.ndarray:
+    try:
+        from PIL import Image
+
+        return np.asarray(Image.open(path).convert("RGB"))
+    except ImportError:  # matplotlib reads PNG without PIL
+        import matplotlib.image
+
+        return (matplotlib.image.imread(path)[..., :3] * 255).astype(np.uint8)
+
+
+def assert_sane_png(path: Path) -> None:
+    img = open_png(path)
+    h, w = img.shape[:2]
+    assert w >= 300 and h >= 200, (path.name, img.shape)
+    ink = np.any(img < 200, axis=-1).mean()  # share of pixels that are not (near) white
+    assert 0.005 < ink < 0.9, (path.name, ink)  # not blank, not a solid block
+    assert len(np.unique(img.reshape(-1, 3), axis=0)) > 8, path.name  # more than a few flat colours
+
+
+def hand_run(d: Path, table, slow) -> Path:
+    events, starts = table(slow)
+    d.mkdir(parents=True)
+    write_events(d / "events.jsonl", events)
+    write_sessions(d / "sessions.jsonl", starts)
+    return d
+
+
+def test_report_renders_every_plot_headless_from_hand_built_runs(tmp_path, event_tables):
+    a = hand_run(tmp_path / "a", event_tables.table, {2: {6: {"decode": 50}}})
+    b = hand_run(tmp_path / "b", event_tables.table, {3: {7: {"dit": 30}}})
+    path = R.write_report([a, b], tmp_path / "out")
+    assert path == tmp_path / "out" / "report.md"
+    for name in R.PLOTS:
+        assert_sane_png(tmp_path / "out" / name)
+    md = path.read_text()
+    assert md.count("| boundary | n | sessions |") == 2  # one summary table per run
+    for name in R.PLOTS:
+        assert f"]({name})" in md
+
+
+def test_report_cli_on_case_d_and_case_e(h5a_compare, capsys):
+    _, out, _ = h5a_compare
+    a, b = out / "round0-A", out / "round0-B"
+    assert main(["report", str(a), str(b)]) == 0
+    assert "report.md" in capsys.readouterr().out
+    md = (a / "report.md").read_text()
+    assert "## case-d" in md and "## case-e +H5a" in md
+    for name in R.PLOTS:
+        assert_sane_png(a / name)
+
+
+def test_report_refuses_a_directory_without_events(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no events.jsonl" in capsys.readouterr().err
+
+
+def test_figure_data(event_tables):
+    events, starts = event_tables.table({2: {6: {"decode": 50}}})
+    x, y = R.ecdf([3.0, 1.0, 2.0])
+    assert x.tolist() == [1.0, 2.0, 3.0] and y.tolist() == pytest.approx([1 / 3, 2 / 3, 1.0])
+    stages = R.per_chunk_stages(events, starts, M.DEFAULT_WINDOW)
+    assert sorted(stages) == list(range(10))
+    assert stages[6]["decode"] == pytest.approx(30)  # median over 3 measured sessions: the stall is one of them
+    key = R.pick_session(events, starts, M.DEFAULT_WINDOW)
+    assert key == (1, 1)  # the first measured session, not the warm-up
+    bars = R.timeline_bars(events, starts, key)
+    assert {b.lane for b in bars} == {lane for lane, _ in R.LANES}
+    assert len([b for b in bars if b.stage == "dit"]) == 10
+    dit0 = next(b for b in bars if b.stage == "dit" and b.chunk == 0)
+    assert dit0.start_ms == pytest.approx(10 + 1) and dit0.dur_ms == pytest.approx(40)
+    ttfc = R.ttfc_by_boundary(events, starts, M.DEFAULT_WINDOW)
+    assert list(ttfc) == list(M.boundaries_seen(events)) and ttfc["submit"][0] == pytest.approx(10)
