@@ -132,6 +132,25 @@ def headline(summary: dict) -> list[str]:
     return out
 
 
+def cmd_gate(args: argparse.Namespace) -> int:
+    import msgspec
+
+    from harness.measure.gates import gate
+
+    for d in (args.run_a, args.run_b):
+        if not (Path(d) / "outputs").is_dir():
+            raise HarnessError(f"{d} is not a run directory (no outputs/)")
+    res = gate(args.run_a, args.run_b, "exact" if args.exact else "threshold")
+    for f in res.files:
+        metrics = "  ".join(f"{k}={v:.3g}" for k, v in f.metrics.items())
+        why = f"  ({'; '.join(f.reasons)})" if f.reasons else ""
+        print(f"{'ok  ' if f.passed else 'FAIL'} {f.path}  {metrics}{why}")
+    print(f"{res.kind} gate: {res.verdict} ({res.n_compared} compared, {res.n_failed} failed)")
+    if args.json:
+        Path(args.json).write_bytes(msgspec.json.encode(res))
+    return 0 if res.passed else EXIT_FAIL
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness", description="Instrumented serving harness for real-time autoregressive video world models.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -155,6 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--flops-only", action="store_true", help="count FLOPs on the meta device and print one JSON line")
     be.add_argument("--json", help="also write the result to this JSON file")
     be.set_defaults(fn=_lazy("harness.experiments.bench_engine", "main"))
+
+    gt = sub.add_parser("gate", help="numeric gate between two runs' saved outputs (exit 0 only on pass)")
+    gt.add_argument("run_a")
+    gt.add_argument("run_b")
+    gt.add_argument("--exact", action="store_true", help="byte-identical outputs (default: threshold gate)")
+    gt.add_argument("--json", help="also write the per-file results to this JSON file")
+    gt.set_defaults(fn=cmd_gate)
 
     cp = sub.add_parser("compare", help="interleaved A/B (A B A B …) of --candidate against --baseline, numeric gate first")
     add_serve_options(cp)

@@ -230,3 +230,31 @@ def test_trace_has_a_track_per_process_and_agrees_with_events(runs):
             s = index[(stage, e.session, e.chunk)]
             assert (s["args"]["start_ns"], s["args"]["end_ns"]) == (ta, tb)
             assert abs(s["dur"] - (tb - ta) / 1e3) < 1e-3
+
+
+def test_gate_command_exit_status_follows_the_verdict(runs, tmp_path):
+    import shutil
+
+    a = runs["case-d"].run_dir
+    b = tmp_path / "perturbed"
+    shutil.copytree(a, b, ignore=shutil.ignore_patterns("media"))
+    f = b / "outputs" / "epoch1" / "chunk04.latent.npy"
+    lat = np.load(f)
+    lat.flat[0] += 1e-4  # far inside the threshold, not byte-identical
+    np.save(f, lat)
+    hashes = [json.loads(l) for l in (b / "outputs" / "hashes.jsonl").read_text().splitlines()]
+    for h in hashes:
+        if (h["epoch"], h["chunk"]) == (1, 4):
+            h["latent_sha256"] = hashlib.sha256(lat.tobytes()).hexdigest()
+    (b / "outputs" / "hashes.jsonl").write_text("".join(json.dumps(h) + "\n" for h in hashes))
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "harness", "gate", *args], cwd=REPO, capture_output=True, text=True)
+
+    same = run(str(a), str(runs["case-e"].run_dir), "--exact")
+    assert same.returncode == 0 and "exact gate: pass" in same.stdout
+    assert run(str(a), str(b)).returncode == 0
+    exact = run(str(a), str(b), "--exact")
+    assert exact.returncode == 1 and "chunk04.latent.npy" in exact.stdout and "exact gate: fail" in exact.stdout
+    missing = run(str(a), str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and missing.stderr.startswith("error: ") and len(missing.stderr.splitlines()) == 1
