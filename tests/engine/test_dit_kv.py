@@ -16,15 +16,6 @@ from harness.errors import HarnessError
 CHUNKS = 9
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # the tiny model's ops are far too small to split; two threads on a busy 2-core box only contend
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def cfg():
     return override(load_preset("tiny"), parallel={"sp": 1})

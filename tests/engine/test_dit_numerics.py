@@ -21,14 +21,6 @@ from harness.errors import HarnessError
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _block_rms(cfg, chunks: int) -> tuple[np.ndarray, list[float]]:
     """RMS of every block's output for every forward (chunks × 5 × layers), and the latent RMS."""
     eng = DitEngine(cfg, group=RankGroup.single(), device=CPU, seed=0)

@@ -28,14 +28,6 @@ NAMES = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def cfg():
     return override(load_preset("tiny"), parallel={"sp": 1})

@@ -30,16 +30,6 @@ def _decode(group: RankGroup, cfg, latents):
     return outs, halo
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny convs take ATen's single-threaded slow_conv3d path anyway; a second thread only
-    # adds contention when other tests share the two cores
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def reference():
     cfg = override(load_preset("tiny"), parallel={"vae_ranks": 1})

@@ -12,16 +12,6 @@ from harness.engine.vae_engine import VaeEngine
 from harness.errors import HarnessError
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny convs take ATen's single-threaded slow_conv3d path anyway; a second thread only
-    # adds contention when other tests share the two cores
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def engine():
     cfg = override(load_preset("tiny"), parallel={"vae_ranks": 1})
