@@ -29,7 +29,7 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sessions", type=int, help="sessions including the warm-up one (epoch 0)")
     g.add_argument("--chunks", type=int, help="chunks per session (default from the preset)")
     g.add_argument("--seed", type=int)
-    g.add_argument("--hooks", default="", help="comma list: nvtx,dispatch,trace,profile[=A:B]")
+    g.add_argument("--hooks", default="", help="comma list: nvtx,dispatch,trace,profile[=A:B],capture[=BUDGET]")
     g.add_argument("--sp", type=int, help="DiT sequence-parallel ranks")
     g.add_argument("--vae-ranks", type=int, help="VAE width-sharded ranks")
     g.add_argument("--device", choices=["cpu", "cuda"])
@@ -194,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", help="where report.md and the plots go (default: the first run directory)")
     rp.set_defaults(fn=_lazy("harness.measure.report", "main"))
 
+    ca = sub.add_parser("candidates", help="list the optimisation candidates: id, gate, needs, conflicts, what they change")
+    ca.set_defaults(fn=_lazy("harness.candidates", "print_table"))
+
     from harness.experiments.scenarios import add_scenario_arguments
 
     sc = sub.add_parser("scenario", help="stress the serving path (DESIGN §7): prints what it saw, exits 1 when an invariant breaks")
@@ -206,6 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
     cl = sub.add_parser("client", help="viewer for serve --listen: paced playback, underruns, stall time, media file")
     add_client_arguments(cl)
     cl.set_defaults(fn=_lazy("harness.client", "main"))
+
+    from harness.experiments.replay import add_replay_arguments
+
+    ry = sub.add_parser("replay", help="time inputs captured with --hooks capture (or --synthetic shapes) on every attention/GEMM/conv backend")
+    add_replay_arguments(ry)
+    ry.set_defaults(fn=_lazy("harness.experiments.replay", "main"))
     return p
 
 

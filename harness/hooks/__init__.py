@@ -1,4 +1,4 @@
-"""Instrumentation switched on with ``--hooks``: nvtx, dispatch, trace, profile.
+"""Instrumentation switched on with ``--hooks``: nvtx, dispatch, trace, profile, capture.
 
     hooks = parse_hooks("nvtx,dispatch,trace,profile=5:7")   # → HookSet, or HarnessError
     with activate(hooks, out_dir=run_dir, label="dit0") as active:   # in each worker process
@@ -15,6 +15,9 @@ Grammar: comma-separated items, each ``name`` or ``name=value``:
 - ``trace`` — ``trace.json`` built from the event table by the driver; nothing runs in workers.
 - ``profile`` / ``profile=A`` / ``profile=A:B`` / ``profile=A:B@E`` — torch.profiler over chunks
   A..B (default 5:5, a steady chunk) of epoch E (default 1, the first measured session).
+- ``capture`` / ``capture=BUDGET`` — save the inputs of attention, linears, convs and the uint8
+  conversion, one per distinct signature, into ``capture/`` until BUDGET bytes (``K``/``M``/``G``
+  suffixes, binary; default 256M) are used; ``python -m harness replay`` times them.
 
 This module imports neither torch nor nvtx; ``activate`` loads what the set needs.
 """
@@ -30,9 +33,32 @@ import msgspec
 from harness.errors import HarnessError
 from harness.hooks import context
 
-NAMES: tuple[str, ...] = ("nvtx", "dispatch", "trace", "profile")
+NAMES: tuple[str, ...] = ("nvtx", "dispatch", "trace", "profile", "capture")
 DEFAULT_PROFILE = (5, 5)
 DEFAULT_PROFILE_EPOCH = 1
+DEFAULT_CAPTURE_BUDGET = 256 << 20
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_budget(text: str) -> int:
+    """``"256M"`` → bytes (binary units; ``K``/``M``/``G``, optional ``iB``/``B``)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = t[-1:] if t[-1:] in ("K", "M", "G") else ""
+    number = t[: len(t) - len(unit)]
+    try:
+        v = float(number)
+    except ValueError:
+        raise HarnessError(f"--hooks: bad capture budget {text!r} (e.g. 64M, 1.5G, 4096)") from None
+    if not 0 <= v < float("inf"):
+        raise HarnessError(f"--hooks: capture budget must be a finite size ≥ 0 (got {text!r})")
+    return int(v * _UNITS[unit])
+
+
+def format_budget(n: int) -> str:
+    for unit in ("G", "M", "K"):
+        if n and n % _UNITS[unit] == 0:
+            return f"{n // _UNITS[unit]}{unit}"
+    return str(n)
 
 
 class HookSet(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -43,6 +69,7 @@ class HookSet(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     trace: bool = False
     profile: tuple[int, int] | None = None
     profile_epoch: int = DEFAULT_PROFILE_EPOCH
+    capture: int | None = None  # byte budget; None = off
 
     def items(self) -> tuple[str, ...]:
         out = []
@@ -58,6 +85,8 @@ class HookSet(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
             a, b = self.profile
             win = f"{a}" if a == b else f"{a}:{b}"
             out.append(f"profile={win}" + (f"@{self.profile_epoch}" if self.profile_epoch != DEFAULT_PROFILE_EPOCH else ""))
+        if self.capture is not None:
+            out.append("capture" if self.capture == DEFAULT_CAPTURE_BUDGET else f"capture={format_budget(self.capture)}")
         return tuple(out)
 
     def __str__(self) -> str:
@@ -123,6 +152,8 @@ def parse_hooks(spec: str | Iterable[str] | HookSet | None) -> HookSet:
             if mode not in ("full", "summary"):
                 raise HarnessError(f"--hooks: dispatch mode must be 'full' or 'summary' (got {value!r})")
             fields["dispatch"] = mode
+        elif name == "capture":
+            fields["capture"] = DEFAULT_CAPTURE_BUDGET if value is None else parse_budget(value)
         else:
             fields["profile"], fields["profile_epoch"] = _profile(value, item)
     return HookSet(**fields)
@@ -137,6 +168,7 @@ class ActiveHooks:
         self._nvtx_backend = nvtx_backend
         self.recorder: Any = None
         self.profile: Any = None
+        self.capture: Any = None
         self._ran: dict[str, Any] = {}
         self._open = False
 
@@ -164,6 +196,13 @@ class ActiveHooks:
 
             self.profile = ProfileWindow(*h.profile, epoch=h.profile_epoch, out_dir=self.out_dir, label=self.label)
             context.add_listener(self.profile)
+        if h.capture is not None:
+            # entered before the dispatch recorder and left after it: both push torch function
+            # modes, which must come off the stack in reverse order
+            from harness.hooks.capture import CaptureRecorder
+
+            self.capture = CaptureRecorder(self.out_dir / "capture", budget=h.capture, process=self.label)
+            self.capture.__enter__()
         if h.dispatch != "off":
             from harness.hooks.dispatch import DispatchRecorder
 
@@ -191,6 +230,9 @@ class ActiveHooks:
                                          "total_flops": summary["total_flops"], "summary": spath.name,
                                          "records": self.recorder.path.name if self.recorder.path else None}
         finally:
+            if self.capture is not None:
+                self.capture.__exit__(None, None, None)
+                self._ran["capture"] = self.capture.status()
             if self.profile is not None:
                 context.remove_listener(self.profile)
                 self.profile.close()
