@@ -33,7 +33,12 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sp", type=int, help="DiT sequence-parallel ranks")
     g.add_argument("--vae-ranks", type=int, help="VAE width-sharded ranks")
     g.add_argument("--device", choices=["cpu", "cuda"])
-    g.add_argument("--launcher", choices=["local"], default="local")
+    g.add_argument("--launcher", choices=["local", "ray"], default="local",
+                   help="local processes, or Ray actors in a placement group (multi-node; needs harness[ray])")
+    g.add_argument("--ray-address", help="Ray cluster to join (e.g. HEAD_IP:6379; default: RAY_ADDRESS, the local cluster, or a new one)")
+    g.add_argument("--ray-frame-path", choices=["auto", "ring", "socket"], default="auto",
+                   help="frames VAE rank 0 -> encoder: shared-memory ring on one node, socket across nodes (auto)")
+    g.add_argument("--ray-cpus-per-rank", type=float, help="CPUs per rank bundle (default: a fair share, at most 1)")
     g.add_argument("--encoder", help="encoder backend (pyav, ffmpeg)")
     g.add_argument("--sink", help="sink (file, null)")
     g.add_argument("--ring-slots", type=int)
@@ -70,6 +75,14 @@ def resolve_config(args: argparse.Namespace):
     )
 
 
+def launcher_options(args: argparse.Namespace) -> dict:
+    """ServeOptions fields that pick and configure the launcher."""
+    if getattr(args, "launcher", "local") != "ray":
+        return {"launcher": "local"}
+    return {"launcher": "ray", "launcher_options": {"address": args.ray_address, "frame_path": args.ray_frame_path,
+                                                    "cpus_per_rank": args.ray_cpus_per_rank}}
+
+
 def parse_hooks(text: str) -> tuple[str, ...]:
     return tuple(h.strip() for h in text.split(",") if h.strip())
 
@@ -87,6 +100,8 @@ def add_listen_options(p: argparse.ArgumentParser) -> None:
 # ---- commands ------------------------------------------------------------------------------
 def cmd_serve(args: argparse.Namespace) -> int:
     if getattr(args, "listen", None):  # the WebSocket endpoint: sessions come from clients
+        if getattr(args, "launcher", "local") != "local":
+            raise HarnessError("--listen runs on the local launcher only (for now); drop --launcher ray")
         from harness.pipeline.server import listen_main
 
         return listen_main(args)
@@ -95,7 +110,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     cfg = resolve_config(args)
     res = run_protocol(args.protocol, cfg, ServeOptions(out=args.out, candidates=tuple(args.candidate),
-                                                        hooks=parse_hooks(args.hooks), progress=not args.no_progress),
+                                                        hooks=parse_hooks(args.hooks), progress=not args.no_progress,
+                                                        **launcher_options(args)),
                        sessions=args.sessions)
     print_headline(res.run_dir, res.summary)
     for line in protocol_lines(res.summary):

@@ -23,6 +23,10 @@ Gate = Literal["exact", "threshold", "serving"]
 MODULES: dict[str, str] = {
     "H1a": "h1a_kv_gather_off",
     "H1b": "h1b_sdpa_backend",
+    "H2a": "h2a_camera_chunk_cache",
+    "H3a": "h3a_vae_compile",
+    "H4a": "h4a_fused_output",
+    "H4b": "h4b_pinned_d2h",
     "H5a": "h5a_decode_overlap",
 }
 
@@ -43,6 +47,8 @@ class Candidate:
     patch_output: Callable[[Any, str], Callable[[], None]] | None = None
     arg_choices: tuple[str, ...] = ()
     default_arg: str = ""
+    #: requirements of particular arguments only (e.g. a kernel that exists only on CUDA)
+    arg_needs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
 
@@ -86,9 +92,10 @@ def resolve(specs: tuple[str, ...] | list[str], cfg: HarnessConfig) -> list[tupl
             raise HarnessError(f"candidate {cid} takes one of {', '.join(c.arg_choices)}, got {arg!r}")
         if not c.arg_choices and arg:
             raise HarnessError(f"candidate {cid} takes no argument, got {arg!r}")
-        for need in c.needs:
+        for need in c.needs + c.arg_needs.get(arg, ()):
             if not _available(need, cfg.runtime.device):
-                raise HarnessError(f"candidate {cid} ({c.name}) needs {need}; this run is on {cfg.runtime.device}")
+                what = f"{cid}:{arg}" if arg in c.arg_needs else cid
+                raise HarnessError(f"candidate {what} ({c.name}) needs {need}; this run is on {cfg.runtime.device}")
         chosen[cid] = (c, arg)
     for cid, (c, _) in chosen.items():
         for other in c.conflicts:
@@ -121,3 +128,26 @@ def apply_candidates(specs, *, dit=None, vae=None, output=None) -> list[str]:
 
 def set_runtime(cfg: HarnessConfig, **fields) -> HarnessConfig:
     return override(cfg, runtime=fields)
+
+
+def table() -> list[dict[str, str]]:
+    """One row per registered candidate, in apply order (``python -m harness candidates``)."""
+    rows = []
+    for c in all_candidates():
+        args = f" (arg: {'|'.join(c.arg_choices)}, default {c.default_arg})" if c.arg_choices else ""
+        needs = [",".join(c.needs)] if c.needs else []
+        needs += [f"{a}:{','.join(n)}" for a, n in c.arg_needs.items()]
+        rows.append({"id": c.id, "name": c.name, "gate": c.gate, "reference": c.reference,
+                     "needs": " ".join(needs) or "-", "conflicts": ",".join(c.conflicts) or "-",
+                     "changes": c.changes, "description": c.description + args})
+    return rows
+
+
+def print_table(args=None) -> int:
+    rows = table()
+    cols = ("id", "name", "gate", "needs", "conflicts", "changes")
+    width = {k: max(len(k), *(len(r[k]) for r in rows)) for k in cols}
+    print("  ".join(k.ljust(width[k]) for k in cols) + "  description")
+    for r in rows:
+        print("  ".join(r[k].ljust(width[k]) for k in cols) + "  " + r["description"])
+    return 0

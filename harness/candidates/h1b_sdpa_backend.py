@@ -14,5 +14,7 @@ CANDIDATE = Candidate(
     changes="engine",
     arg_choices=("flash", "cudnn", "efficient", "math"),
     default_arg="cudnn",
+    # PyTorch has no CPU kernel for these two; on CPU they fail inside the worker after launch.
+    arg_needs={"cudnn": ("cuda",), "efficient": ("cuda",)},
     configure=lambda cfg, arg: set_runtime(cfg, attention=arg),
 )

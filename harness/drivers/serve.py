@@ -40,6 +40,10 @@ class ServeOptions:
     #: replaces the fixed loop over ``runtime.sessions`` (the network endpoint, the scenarios): it runs
     #: its own sessions on the launched topology and returns when done; teardown stays serve's
     session_runner: Callable[["ServeContext"], None] | None = None
+    #: "local" (processes on this host) or "ray" (actors in a placement group; see drivers/ray_launcher.py)
+    launcher: str = "local"
+    #: keyword arguments of the launcher (ray: address, cpus_per_rank, frame_path, strategy)
+    launcher_options: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -83,7 +87,7 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
     run_dir = new_run_dir(opts.out, cfg.name)
     prefix = f"harness-{os.getpid()}-{secrets.token_hex(3)}"
     ring = FrameRing.create(prefix, cfg.runtime.ring_slots, ring_slot_bytes(cfg))
-    launcher = LocalLauncher(cfg, str(run_dir), msgspec.to_builtins(ring.spec), opts.candidates, opts.hooks, dict(opts.faults))
+    launcher = make_launcher(opts, cfg, str(run_dir), msgspec.to_builtins(ring.spec))
     events_f = open(run_dir / "events.jsonl", "wb")
     enc = msgspec.json.Encoder()
     results: list[SessionResult] = []
@@ -103,6 +107,7 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
         man["placement"] = {p.name: p.ready.device for p in launcher.procs}
         man["devices"] = sorted({p.ready.device_name for p in launcher.procs})
         man["applied_candidates"] = {p.name: p.ready.info.get("candidates", "") for p in launcher.procs if p.role != "encoder"}
+        man["launcher"] = launcher.describe() if hasattr(launcher, "describe") else {"name": "local"}
         write_json(run_dir / "manifest.json", man)
         driver = Driver(cfg, launcher, run_dir, on_chunk=on_chunk)
         if opts.probes:
@@ -136,7 +141,8 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
     finally:
         if driver is not None:
             driver.close()
-        launcher.shutdown()
+        # After a failure, collective peers of a dead rank may never reach their Shutdown message.
+        launcher.shutdown(grace_s=10.0 if status != "failed" else 3.0)
         pids = launcher.pids()
         ring.close()
         ring.unlink()
@@ -145,6 +151,18 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
         man.update(status=status, error=error)
         write_json(run_dir / "manifest.json", man)
     return ServeResult(run_dir, results, summary, prefix, pids)
+
+
+def make_launcher(opts: ServeOptions, cfg: HarnessConfig, run_dir: str, ring_spec: dict):
+    if opts.launcher == "ray":
+        from harness.drivers.ray_launcher import RayLauncher
+
+        return RayLauncher(cfg, run_dir, ring_spec, opts.candidates, opts.hooks, dict(opts.faults), **opts.launcher_options)
+    if opts.launcher != "local":
+        from harness.errors import HarnessError
+
+        raise HarnessError(f"unknown launcher {opts.launcher!r} (known: local, ray)")
+    return LocalLauncher(cfg, run_dir, ring_spec, opts.candidates, opts.hooks, dict(opts.faults))
 
 
 def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], status: str, error: str | None,
@@ -198,6 +216,8 @@ def explain_failure(launcher: LocalLauncher, err: BaseException) -> BaseExceptio
 
     from harness.drivers.launcher import RankFailed
 
+    if hasattr(launcher, "explain_failure"):  # a launcher without process sentinels (Ray) knows its own dead
+        return launcher.explain_failure(err)
     if not isinstance(err, RankFailed) or " died: " in str(err).split(";")[0]:
         return err
     procs = [p for p in launcher.procs if p.process.pid is not None]

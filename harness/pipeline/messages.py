@@ -133,6 +133,14 @@ class OpenSession(_Msg):
     epoch: int
 
 
+class SetSink(_Msg):
+    """Sink for the next ``OpenSession`` of ``session`` instead of ``runtime.sink``: lets one
+    launched topology serve a slow consumer for some sessions and a fast one for others."""
+
+    session: int
+    sink: str
+
+
 class CloseSession(_Msg):
     session: int
     discard: bool = False  # cancelled sessions: remove the partial file rather than claim it valid
@@ -161,7 +169,7 @@ class MediaClosed(_Msg):
 Message = Union[
     StartSession, GenerateChunk, DecodeChunk, EndSession, Shutdown, Ping,
     Ready, LatentReady, FramesReady, SessionEnded, Pong, WorkerError,
-    EncodeChunk, OpenSession, CloseSession, ChunkDelivered, MediaClosed,
+    EncodeChunk, OpenSession, CloseSession, ChunkDelivered, MediaClosed, SetSink,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

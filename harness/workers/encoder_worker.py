@@ -53,19 +53,51 @@ class _Open:
     def __init__(self, encoder, sink, path: Path | None):
         self.encoder, self.sink, self.path = encoder, sink, path
 
+    def take_fragment(self) -> bytes:
+        """The stream sink's bytes committed since the last call (b"" for the other sinks)."""
+        frags = getattr(self.sink, "fragments", None)
+        if not frags:
+            return b""
+        data = b"".join(d for _, d in frags)
+        frags.clear()
+        return data
 
-def open_sink(spec: str, media_dir: Path, session: int):
-    """``file`` | ``null`` | ``throttled:FPS`` (a file sink that accepts at most FPS frames/s)."""
-    from harness.pipeline.sinks import make_sink
+
+SINK_SPECS = ("file", "null", "stream", "throttled:FPS")
+
+
+def check_sink_spec(spec: str) -> str:
+    """One-line HarnessError for a sink spec the encoder stage would refuse — callable before
+    launch, so a typo fails in the driver rather than as a dead encoder process."""
+    from harness.errors import HarnessError
 
     name, _, arg = spec.partition(":")
+    if name in ("file", "null", "stream") and not arg:
+        return spec
+    if name == "throttled":
+        try:
+            fps = float(arg)
+        except ValueError:
+            fps = float("nan")
+        if fps > 0 and fps != float("inf"):
+            return spec
+        raise HarnessError(f"sink {spec!r}: throttled needs a positive finite frames/s, e.g. throttled:8")
+    raise HarnessError(f"unknown sink {spec!r} (known: {', '.join(SINK_SPECS)})")
+
+
+def open_sink(spec: str, media_dir: Path, session: int):
+    """``file`` | ``null`` | ``throttled:FPS`` (a file sink that accepts at most FPS frames/s) |
+    ``stream`` (each chunk's Matroska fragment goes back to the driver in ``ChunkDelivered.media``)."""
+    from harness.pipeline.sinks import make_sink
+
+    name, _, arg = check_sink_spec(spec).partition(":")
     if name == "file":
         return make_sink("file", directory=media_dir, session=session)
     if name == "null":
         return make_sink("null")
-    if name == "throttled":
-        return make_sink("throttled", inner=make_sink("file", directory=media_dir, session=session), frames_per_s=float(arg))
-    return make_sink(name)  # unknown names get the registry's one-line error
+    if name == "stream":
+        return make_sink("memory")  # fragments kept until _Open.take_fragment hands them on
+    return make_sink("throttled", inner=make_sink("file", directory=media_dir, session=session), frames_per_s=float(arg))
 
 
 def _serve(spec: WorkerSpec, conn, ring) -> None:
@@ -75,6 +107,7 @@ def _serve(spec: WorkerSpec, conn, ring) -> None:
     cfg = spec.cfg
     run_dir = Path(spec.run_dir)
     open_: dict[int, _Open] = {}
+    sink_for: dict[int, str] = {}  # per-session overrides (SetSink) waiting for their OpenSession
     M.send(conn, M.Ready(role="encoder", rank=0, device="cpu", device_name="cpu", info={"encoder": cfg.runtime.encoder}))
     while True:
         msg = M.recv(conn)
@@ -102,10 +135,12 @@ def _serve(spec: WorkerSpec, conn, ring) -> None:
             M.send(conn, M.ChunkDelivered(
                 session=fr.session, chunk=fr.chunk, received=received, encoded=res.encoded_ns,
                 delivered=res.delivered_ns, nbytes=o.sink.bytes_accepted - before, pixel_sha256=chunk_sha,
-                frame_sha256=frame_sha, blocked_ns={"sink": o.sink.take_blocked_ns()},
+                frame_sha256=frame_sha, blocked_ns={"sink": o.sink.take_blocked_ns()}, media=o.take_fragment(),
             ))
+        elif isinstance(msg, M.SetSink):
+            sink_for[msg.session] = msg.sink
         elif isinstance(msg, M.OpenSession):
-            sink = open_sink(cfg.runtime.sink, run_dir / "media", msg.session)
+            sink = open_sink(sink_for.pop(msg.session, cfg.runtime.sink), run_dir / "media", msg.session)
             enc = make_encoder(cfg.runtime.encoder, width=cfg.video.width, height=cfg.video.height, fps=cfg.video.fps,
                                threads=cfg.runtime.encoder_threads)
             enc.open(sink)

@@ -1,0 +1,427 @@
+"""``python -m harness client``: a viewer for ``serve --listen``.
+
+It starts sessions, answers the server's requests for actions (the scripted trajectory of the
+session's seed, so a network session reproduces the in-process one frame for frame), reads each
+chunk's header and media fragment, stamps the moment it read them and acknowledges (that stamp is
+the chunk's ``delivered``), and appends the fragments to ``session{S}.mkv`` (renamed into place
+only when the session ran to its end; anything else is removed, never left looking valid).
+
+Playback is modelled, not rendered: a player starts once ``prebuffer`` frames have arrived and then
+wants frame k at ``start + k / fps``; a frame that has not arrived by then is an underrun, and the
+player stalls until it does. Reported: underruns, stall time, startup delay and the continuous-play
+ratio (play time / (play time + stall time)).
+
+A slow consumer (``--read-rate 0.5``) takes each chunk's frames at half speed before it reads the
+next message and acknowledges the chunk only then (the ack carries the receipt time): unread data
+piles up in the socket (TCP backpressure) and the server's window of unacknowledged chunks fills,
+which stops production. ``--disconnect-after-chunk K`` leaves mid-session (the server must treat
+it as a cancel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from harness.errors import HarnessError
+from harness.pipeline import wsproto as W
+
+
+def now() -> int:
+    return time.monotonic_ns()
+
+
+class PlayStats(msgspec.Struct, frozen=True):
+    frames: int
+    prebuffer_frames: int
+    startup_ms: float | None  # session start → playback start (None: never started)
+    underruns: int
+    stall_ms: float
+    play_ms: float
+    continuous_ratio: float | None
+
+
+def playout(arrivals: list[tuple[int, int]], fps: int, prebuffer_frames: int, t0_ns: int) -> PlayStats:
+    """``arrivals``: (frames, arrival ns) per chunk in order. Frames of a chunk arrive together."""
+    times = [t for n, t in arrivals for _ in range(n)]
+    if not times:
+        return PlayStats(0, prebuffer_frames, None, 0, 0.0, 0.0, None)
+    pre = min(max(1, prebuffer_frames), len(times))
+    start = times[pre - 1]
+    period = 1e9 / fps
+    stall, underruns, stalled_prev = 0.0, 0, False
+    for k, t in enumerate(times):
+        due = start + k * period + stall
+        if t > due:
+            stall += t - due
+            underruns += 0 if stalled_prev else 1
+            stalled_prev = True
+        else:
+            stalled_prev = False
+    play = len(times) * period
+    return PlayStats(len(times), pre, (start - t0_ns) / 1e6, underruns, stall / 1e6, play / 1e6,
+                     play / (play + stall))
+
+
+@dataclass
+class ViewerOptions:
+    read_rate: float | None = None  # × the nominal frame rate; None: read as fast as it arrives
+    prebuffer_frames: int | None = None  # default: the first chunk's frames
+    lookahead: int = 2  # chunks of actions sent ahead of the server's need
+    #: when to cancel / drop the connection: "start" (right after sending start), "started",
+    #: "header:K" (chunk K announced, its media in flight), "chunk:K" (K's media read), "after:S" (seconds)
+    cancel_at: str | None = None
+    disconnect_at: str | None = None
+    cancel_repeat: int = 1
+    withhold_actions_from: int | None = None  # never send actions for chunks ≥ this (timeout path)
+    action_timeout_s: float | None = None
+    out_dir: Path | None = None
+    receive_timeout_s: float = 300.0
+
+
+class SessionReport(msgspec.Struct):
+    seed: int
+    chunks: int
+    outcome: str = ""  # complete | cancelled | disconnected | error | busy | closed
+    session: int | None = None
+    error: str = ""
+    errors: list[str] = []  # non-fatal rejections the server sent
+    close_code: int | None = None
+    started: W.Started | None = None
+    ended: W.Ended | None = None
+    headers: list[W.ChunkHeader] = []
+    receipts_ns: list[int] = []
+    media_path: str = ""
+    media_bytes: int = 0
+    t_start_ns: int = 0
+    t_first_media_ns: int | None = None
+    t_end_ns: int = 0  # the session ended on our side (last message, error, close)
+    cancel_sent_ns: int | None = None
+    play: PlayStats | None = None
+
+    @property
+    def frame_sha256(self) -> list[str]:
+        return [h for hd in self.headers for h in hd.frame_sha256]
+
+
+def _actions(seed: int, chunk: int, frames: int) -> list[str]:
+    from harness.drivers.trajectory import actions_for
+
+    return actions_for(seed, chunk, frames)
+
+
+async def run_session(url: str, *, preset: str, seed: int, chunks: int | None = None, prompt: str = "",
+                      opts: ViewerOptions | None = None, http=None) -> SessionReport:
+    """One session on its own connection, driven as ``opts`` says; never raises for what the
+    server answered (busy, errors, a dropped connection): the report says what happened."""
+    import aiohttp
+
+    opts = opts or ViewerOptions()
+    own = http is None
+    http = http or aiohttp.ClientSession()
+    try:
+        async with http.ws_connect(url, max_msg_size=1 << 30, autoping=True) as ws:
+            return await _session(ws, preset=preset, seed=seed, chunks=chunks, prompt=prompt, opts=opts)
+    except (aiohttp.ClientError, OSError) as e:
+        return SessionReport(seed=seed, chunks=chunks or 0, outcome="error", error=W.one_line(f"cannot connect to {url}: {e}"))
+    finally:
+        if own:
+            await http.close()
+
+
+async def _session(ws, *, preset: str, seed: int, chunks: int | None, prompt: str, opts: ViewerOptions) -> SessionReport:
+    from aiohttp import WSMsgType
+
+    rep = SessionReport(seed=seed, chunks=chunks or 0, headers=[], receipts_ns=[], errors=[])
+    sent_actions: set[int] = set()
+    frames_per_chunk = 0
+    pending: W.ChunkHeader | None = None
+    part: Path | None = None
+    fh = None
+    timer: asyncio.Task | None = None
+
+    async def send(msg) -> None:
+        await ws.send_str(W.encode(msg))
+
+    async def cancel() -> None:
+        if rep.cancel_sent_ns is None:
+            rep.cancel_sent_ns = now()
+        for _ in range(opts.cancel_repeat):
+            await send(W.Cancel())
+
+    async def send_actions(upto: int) -> None:
+        if not frames_per_chunk:
+            return
+        total = rep.started.chunks if rep.started else upto + 1
+        for c in range(min(upto, total - 1) + 1):
+            if c in sent_actions or (opts.withhold_actions_from is not None and c >= opts.withhold_actions_from):
+                continue
+            sent_actions.add(c)
+            await send(W.Actions(chunk=c, actions=_actions(seed, c, frames_per_chunk)))
+
+    async def trigger(point: str) -> bool:
+        """True when the session is over on our side (we disconnected)."""
+        if opts.cancel_at == point:
+            await cancel()
+        if opts.disconnect_at == point:
+            rep.outcome = "disconnected"
+            await ws.close()
+            return True
+        return False
+
+    async def after(seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        await trigger(f"after:{seconds:g}")
+
+    rep.t_start_ns = now()
+    await send(W.Start(preset=preset, seed=seed, prompt=prompt, chunks=chunks, boot_id=W.boot_id(),
+                       action_timeout_s=opts.action_timeout_s))
+    for point in (opts.cancel_at, opts.disconnect_at):
+        if point and point.startswith("after:"):
+            timer = asyncio.create_task(after(float(point.split(":", 1)[1])))
+    try:
+        if await trigger("start"):
+            return rep
+        while True:
+            try:
+                m = await ws.receive(timeout=opts.receive_timeout_s)
+            except asyncio.TimeoutError:
+                rep.outcome, rep.error = "error", f"no message from the server for {opts.receive_timeout_s:g} s"
+                return rep
+            if m.type == WSMsgType.TEXT:
+                try:
+                    msg = W.decode_server(m.data)
+                except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                    rep.outcome, rep.error = "error", W.one_line(f"bad message from the server: {e}")
+                    return rep
+                if isinstance(msg, W.Started):
+                    rep.started, rep.session, rep.chunks = msg, msg.session, msg.chunks
+                    frames_per_chunk = msg.latent_frames_per_chunk
+                    if opts.out_dir is not None:
+                        opts.out_dir.mkdir(parents=True, exist_ok=True)
+                        part = opts.out_dir / f"session{msg.session}.mkv.part"
+                        fh = open(part, "wb")
+                    await send_actions(opts.lookahead - 1)
+                    if await trigger("started"):
+                        return rep
+                elif isinstance(msg, W.NeedActions):
+                    await send_actions(msg.chunk + opts.lookahead - 1)
+                elif isinstance(msg, W.ChunkHeader):
+                    pending = msg
+                    if await trigger(f"header:{msg.chunk}"):
+                        return rep
+                elif isinstance(msg, W.Ended):
+                    rep.ended = msg
+                    rep.outcome = "cancelled" if msg.cancelled else "complete"
+                    return rep
+                elif isinstance(msg, W.Error):
+                    if msg.fatal:
+                        rep.outcome, rep.error = "error", msg.message
+                        return rep
+                    rep.errors.append(msg.message)
+                elif isinstance(msg, W.Busy):
+                    rep.outcome, rep.error = "busy", msg.message
+                    return rep
+            elif m.type == WSMsgType.BINARY:
+                t = now()
+                if pending is None:
+                    rep.outcome, rep.error = "error", "media without a chunk header"
+                    return rep
+                hd, pending = pending, None
+                if len(m.data) != hd.nbytes:
+                    rep.outcome, rep.error = "error", f"chunk {hd.chunk}: {len(m.data)} bytes, header said {hd.nbytes}"
+                    return rep
+                rep.headers.append(hd)
+                rep.receipts_ns.append(t)
+                rep.media_bytes += len(m.data)
+                if rep.t_first_media_ns is None:
+                    rep.t_first_media_ns = t
+                if fh is not None:
+                    fh.write(m.data)
+                if opts.read_rate and rep.started:
+                    # A slow consumer: it takes the chunk's frames at read_rate × fps before it reads
+                    # on (the socket fills meanwhile) and returns the credit (the ack) only then;
+                    # the ack still carries the receipt time, which is what ``delivered`` means.
+                    await asyncio.sleep(hd.frames / (opts.read_rate * rep.started.fps))
+                await send(W.Ack(chunk=hd.chunk, received_ns=t))
+                if await trigger(f"chunk:{hd.chunk}"):
+                    return rep
+            else:  # CLOSE / CLOSING / CLOSED / ERROR
+                rep.outcome = rep.outcome or "closed"
+                rep.close_code = ws.close_code
+                ex = ws.exception()
+                rep.error = rep.error or W.one_line(f"connection closed by the server (code {ws.close_code}"
+                                                    f"{': ' + str(ex) if ex else ''})")
+                return rep
+    finally:
+        rep.t_end_ns = now()
+        if timer is not None:
+            timer.cancel()
+        if fh is not None:
+            fh.close()
+            final = part.with_suffix("")  # drop ".part"
+            if rep.outcome == "complete":
+                os.replace(part, final)
+                rep.media_path = str(final)
+            else:
+                part.unlink(missing_ok=True)  # a partial file is never left looking like a video
+        fps = rep.started.fps if rep.started else 16
+        pre = opts.prebuffer_frames or (rep.headers[0].frames if rep.headers else 1)
+        rep.play = playout([(h.frames, t) for h, t in zip(rep.headers, rep.receipts_ns)], fps, pre, rep.t_start_ns)
+
+
+async def status(url: str, timeout_s: float = 10.0) -> W.Status:
+    import aiohttp
+    from aiohttp import WSMsgType
+
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(url, max_msg_size=1 << 20) as ws:
+                await ws.send_str(W.encode(W.StatusRequest()))
+                while True:
+                    m = await ws.receive(timeout=timeout_s)
+                    if m.type != WSMsgType.TEXT:
+                        raise HarnessError(f"{url}: connection closed before the status answer")
+                    msg = W.decode_server(m.data)
+                    if isinstance(msg, W.Status):
+                        return msg
+                    if isinstance(msg, (W.Busy, W.Error)):
+                        raise HarnessError(f"{url}: {msg.message}")
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+        raise HarnessError(W.one_line(f"cannot reach {url}: {e or type(e).__name__}")) from None
+
+
+def session_url(connect: str) -> str:
+    """``HOST:PORT`` or a full ``ws://…`` URL."""
+    if connect.startswith(("ws://", "wss://")):
+        return connect
+    host, sep, port = connect.rpartition(":")
+    if not sep or not port.isdigit():
+        raise HarnessError(f"--connect {connect!r}: expected HOST:PORT")
+    from harness.pipeline.server import PATH
+
+    return f"ws://{host or '127.0.0.1'}:{port}{PATH}"
+
+
+async def run_sessions(url: str, *, sessions: int, seed: int, preset: str | None, chunks: int | None, prompt: str,
+                       opts: ViewerOptions, busy_wait_s: float = 60.0) -> list[SessionReport]:
+    """Sessions one after another; a ``busy`` answer is retried until ``busy_wait_s`` passes
+    (the server may still be finishing a session a previous client left)."""
+    if preset is None:
+        preset = (await status(url)).preset
+    out = []
+    for i in range(sessions):
+        deadline = time.monotonic() + busy_wait_s
+        while True:
+            rep = await run_session(url, preset=preset, seed=seed + i, chunks=chunks, prompt=prompt, opts=opts)
+            if rep.outcome != "busy" or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+        out.append(rep)
+        if rep.outcome == "error":
+            break
+    return out
+
+
+def verify_media(rep: SessionReport) -> str | None:
+    """None when the written file decodes to exactly the frames the server hashed, in order."""
+    import hashlib
+
+    from harness.pipeline.decode import decode_pyav
+
+    if not rep.media_path:
+        return "no media file"
+    frames = decode_pyav(rep.media_path).frames
+    got = [hashlib.sha256(f.tobytes()).hexdigest() for f in frames]
+    want = rep.frame_sha256
+    if got != want:
+        n = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        return f"decoded {len(got)} frames, expected {len(want)}; first mismatch at frame {n}"
+    return None
+
+
+def table(reports: list[SessionReport]) -> list[str]:
+    rows = [f"{'session':>7} {'seed':>5} {'outcome':<12} {'chunks':>7} {'frames':>6} {'TTFC ms':>8} "
+            f"{'underruns':>9} {'stall ms':>9} {'cont.play':>9} {'read fps':>8}"]
+    for r in reports:
+        p = r.play
+        n = len(r.headers)
+        ttfc = (r.t_first_media_ns - r.t_start_ns) / 1e6 if r.t_first_media_ns else None
+        span = (r.receipts_ns[-1] - r.receipts_ns[0]) / 1e9 if n > 1 else 0
+        fps = sum(h.frames for h in r.headers[1:]) / span if span else None
+        rows.append(f"{'-' if r.session is None else r.session:>7} {r.seed:>5} {r.outcome:<12} {n:>3}/{r.chunks:<3} "
+                    f"{p.frames if p else 0:>6} {_f(ttfc):>8} {p.underruns if p else 0:>9} {_f(p.stall_ms if p else None):>9} "
+                    f"{_f(100 * p.continuous_ratio if p and p.continuous_ratio is not None else None, '%'):>9} {_f(fps):>8}")
+        if r.error:
+            rows.append(f"        {r.outcome}: {r.error}")
+    return rows
+
+
+def _f(v, suffix: str = "") -> str:
+    return "-" if v is None else f"{v:.1f}{suffix}"
+
+
+# ---- CLI -----------------------------------------------------------------------------------------
+def add_client_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--connect", required=True, metavar="HOST:PORT", help="the server of serve --listen (or a ws:// URL)")
+    p.add_argument("--sessions", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0, help="session i uses seed + i")
+    p.add_argument("--preset", help="must match the server's (default: ask the server)")
+    p.add_argument("--chunks", type=int, help="chunks per session (default: the server's preset)")
+    p.add_argument("--prompt", default="")
+    p.add_argument("--read-rate", type=float, help="consume at this fraction of the nominal frame rate (slow consumer)")
+    p.add_argument("--prebuffer-frames", type=int, help="frames buffered before playback starts (default: the first chunk)")
+    p.add_argument("--disconnect-after-chunk", type=int, metavar="K", help="drop the connection once chunk K was read")
+    p.add_argument("--cancel-after-chunk", type=int, metavar="K", help="cancel once chunk K was read")
+    p.add_argument("--out", help="write session{S}.mkv and client.json here")
+    p.add_argument("--verify", action="store_true", help="decode each finished file and check every frame's SHA-256")
+    p.add_argument("--busy-wait", type=float, default=60.0, help="seconds to retry while the server is busy")
+
+
+def main(args: argparse.Namespace) -> int:
+    for name in ("sessions", "chunks", "prebuffer_frames"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise HarnessError(f"--{name.replace('_', '-')} must be ≥ 1, got {v}")
+    if args.read_rate is not None and not args.read_rate > 0:
+        raise HarnessError(f"--read-rate must be positive, got {args.read_rate}")
+    url = session_url(args.connect)
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        from harness.pipeline.sinks import ensure_writable_dir
+
+        ensure_writable_dir(out)
+    opts = ViewerOptions(read_rate=args.read_rate, prebuffer_frames=args.prebuffer_frames, out_dir=out,
+                         disconnect_at=None if args.disconnect_after_chunk is None else f"chunk:{args.disconnect_after_chunk}",
+                         cancel_at=None if args.cancel_after_chunk is None else f"chunk:{args.cancel_after_chunk}")
+    reports = asyncio.run(run_sessions(url, sessions=args.sessions, seed=args.seed, preset=args.preset,
+                                       chunks=args.chunks, prompt=args.prompt, opts=opts, busy_wait_s=args.busy_wait))
+    for line in table(reports):
+        print(line)
+    asked_to_stop = args.disconnect_after_chunk is not None or args.cancel_after_chunk is not None
+    failed = [r for r in reports if r.outcome in ("error", "busy", "closed")
+              or (r.outcome in ("cancelled", "disconnected") and not asked_to_stop)]
+    if args.verify:
+        for r in reports:
+            if r.outcome == "complete":
+                why = verify_media(r) if r.media_path else None
+                if why:
+                    print(f"  session {r.session}: media does not verify: {why}")
+                    failed.append(r)
+                elif r.media_path:
+                    print(f"  session {r.session}: {r.media_path} decodes to the {len(r.frame_sha256)} frames sent")
+    if out is not None:
+        (out / "client.json").write_bytes(msgspec.json.format(msgspec.json.encode(
+            [msgspec.structs.asdict(r) | {"frame_sha256": r.frame_sha256} for r in reports]), indent=1))
+    if failed:
+        r = failed[0]
+        print(f"error: session {r.session if r.session is not None else '-'}: {r.error or r.outcome}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,591 @@
+"""``serve --listen``: a WebSocket endpoint in front of the synchronous driver.
+
+Two threads. The *driver thread* is serve's own: it runs one session at a time through
+``Driver.run_session`` with a ``SessionControl`` whose callbacks read what the client sent. The
+*network thread* runs an aiohttp application on its own event loop. They meet in one ``_Session``
+per client session (a condition variable plus plain fields): the network thread records actions,
+acknowledgements and cancel requests; the driver thread waits on them and posts outgoing messages
+to the connection's queue with ``call_soon_threadsafe``.
+
+Backpressure, end to end: at most ``window`` chunks may be sent and not yet acknowledged. When the
+client falls behind, the driver thread waits inside ``on_chunk`` (that wait is recorded per chunk as
+``blocked_ns["client"]``), the encoder's reply pipe fills, the ring stops draining and the VAE blocks
+on a free slot; nothing is buffered without bound. A client that stops acknowledging altogether is
+cancelled after ``stall_timeout_s``.
+
+``delivered`` comes from the client: its acknowledgement carries the moment it read the chunk's
+media. When the client runs on this host (same boot id, hence the same monotonic clock) and the
+stamp lies between ``encoded`` and the ack's arrival, it is used as is; otherwise the server's
+arrival time of the ack is (an upper bound by half a round trip). A chunk never acknowledged has no
+``delivered``; nothing is invented.
+
+Capacity is one session: a ``start`` while another is pending or running gets ``busy`` at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import msgspec
+
+from harness.errors import HarnessError
+from harness.pipeline import wsproto as W
+
+PATH = "/session"
+
+
+def now() -> int:
+    return time.monotonic_ns()
+
+
+@dataclass
+class ListenOptions:
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: any free port (announced through on_listening)
+    window: int = 2  # chunks sent and not yet acknowledged
+    action_timeout_s: float = 10.0
+    stall_timeout_s: float = 60.0  # no acknowledgement for this long: cancelled (or, after the last chunk, given up)
+    max_sessions: int | None = None  # stop serving after this many sessions (None: until stopped)
+    max_connections: int = 8
+    max_message_bytes: int = W.MAX_CONTROL_BYTES
+    max_errors: int = 32  # rejected messages before a connection is closed (policy violation)
+    max_backlog: int = 64  # answers queued to a client that does not read them before it is closed
+    on_listening: Callable[[str, int], None] | None = None
+
+
+def parse_listen(text: str, allow_remote: bool = False) -> tuple[str, int]:
+    """``PORT`` or ``HOST:PORT`` (IPv6 as ``[::1]:PORT``); loopback unless ``allow_remote``."""
+    host, sep, port_s = text.rpartition(":")
+    if not sep:
+        host, port_s = "127.0.0.1", text
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise HarnessError(f"--listen {text!r}: port {port_s!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise HarnessError(f"--listen {text!r}: port {port} is out of range 0-65535")
+    if host != "localhost":
+        try:
+            addr = ipaddress.ip_address(host)
+        except ValueError:
+            raise HarnessError(f"--listen {text!r}: {host!r} is not an IP address (or localhost)") from None
+        if not addr.is_loopback and not allow_remote:
+            raise HarnessError(f"--listen {text!r}: {host} is not a loopback address; add --allow-remote to expose the endpoint")
+    return host, port
+
+
+class _Conn:
+    """One WebSocket, as the driver thread sees it: a thread-safe outbox."""
+
+    def __init__(self, ws, loop: asyncio.AbstractEventLoop) -> None:
+        self.ws, self.loop = ws, loop
+        self.outq: asyncio.Queue = asyncio.Queue()
+        self.open = True
+        self.session: _Session | None = None
+        self.errors = 0
+        self.drained = asyncio.Event()  # the pump has sent everything queued before its None
+
+    def post(self, item: str | bytes | None) -> None:
+        """Queue a text (str) or binary (bytes) frame; None ends the pump. Callable from any thread."""
+        if not self.open and item is not None:
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.outq.put_nowait, item)
+        except RuntimeError:  # the loop is gone: the server is shutting down
+            self.open = False
+
+    async def pump(self) -> None:
+        try:
+            while True:
+                item = await self.outq.get()
+                if item is None:
+                    return
+                try:
+                    if isinstance(item, bytes):
+                        await self.ws.send_bytes(item)  # awaits the socket draining: TCP backpressure
+                    else:
+                        await self.ws.send_str(item)
+                except (ConnectionError, RuntimeError):
+                    self.open = False
+                    return
+        finally:
+            self.drained.set()
+
+
+class _Session:
+    """One client session shared by both threads; every field is guarded by ``cond``."""
+
+    def __init__(self, conn: _Conn, start: W.Start, *, chunks: int, frames_per_chunk: int, window: int,
+                 action_timeout_s: float, stall_timeout_s: float) -> None:
+        self.conn, self.start, self.chunks = conn, start, chunks
+        self.frames_per_chunk, self.window = frames_per_chunk, window
+        self.action_timeout_s, self.stall_timeout_s = action_timeout_s, stall_timeout_s
+        self.same_clock = bool(start.boot_id) and start.boot_id == W.boot_id()
+        self.cond = threading.Condition()
+        self.index: int | None = None
+        self.actions: dict[int, list[str]] = {}
+        self.consumed = -1  # highest chunk whose actions the driver has taken
+        self.reason: str | None = None  # set once: why the session is cancelled
+        self.acks: dict[int, tuple[int, int]] = {}  # chunk → (client receipt ns, server arrival ns)
+        self.sent: list[int] = []
+        self.frames_sent = 0
+        self.max_unacked = 0
+        self.client_blocked_ns = 0
+        self.events: dict = {}  # chunk → ChunkEvent as the driver reported it
+        self.next_row = 0
+        self.write: Callable | None = None  # events.jsonl writer (driver thread only)
+
+    # ---- network thread -----------------------------------------------------------------------
+    def put_actions(self, msg: W.Actions) -> str | None:
+        from harness.engine.camera import validate_actions
+
+        if msg.chunk >= self.chunks:
+            return f"actions for chunk {msg.chunk}, but the session has {self.chunks} chunks (0-{self.chunks - 1})"
+        try:
+            acts = validate_actions(msg.actions, self.frames_per_chunk)
+        except HarnessError as e:
+            return f"chunk {msg.chunk}: {W.one_line(e)}"
+        with self.cond:
+            if msg.chunk <= self.consumed:
+                return f"actions for chunk {msg.chunk} arrived after it was generated"
+            if msg.chunk in self.actions:
+                return f"actions for chunk {msg.chunk} were already received"
+            self.actions[msg.chunk] = acts
+            self.cond.notify_all()
+        return None
+
+    def ack(self, msg: W.Ack) -> str | None:
+        t = now()
+        with self.cond:
+            if msg.chunk not in self.sent:
+                return f"ack for chunk {msg.chunk}, which was not sent"
+            if msg.chunk in self.acks:
+                return f"chunk {msg.chunk} was already acknowledged"
+            self.acks[msg.chunk] = (msg.received_ns, t)
+            self.cond.notify_all()
+        return None
+
+    def cancel(self, reason: str) -> bool:
+        """True when this call cancelled it (False: already cancelled)."""
+        with self.cond:
+            if self.reason is not None:
+                return False
+            self.reason = reason
+            self.cond.notify_all()
+            return True
+
+    # ---- driver thread ------------------------------------------------------------------------
+    def should_cancel(self, _start_ns: int, _stamps) -> bool:
+        return self.reason is not None
+
+    def actions_for(self, chunk: int) -> list[str]:
+        with self.cond:
+            if chunk not in self.actions and self.reason is None:
+                self.conn.post(W.encode(W.NeedActions(session=self.index, chunk=chunk)))
+            deadline = time.monotonic() + self.action_timeout_s
+            while chunk not in self.actions and self.reason is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self.reason = f"no actions for chunk {chunk} within {self.action_timeout_s:g} s"
+                    break
+                self.cond.wait(min(left, 0.05))
+            acts = self.actions.pop(chunk, None)
+            self.consumed = max(self.consumed, chunk)
+        # A cancelled session's chunk is generated and discarded by the driver: any valid actions do.
+        return acts if acts is not None else [""] * self.frames_per_chunk
+
+    def on_chunk(self, ev, msg) -> None:
+        """Driver callback per chunk: forward its media within the window, keep its event."""
+        blocked = 0
+        if msg is not None and msg.encoded is not None and msg.media:
+            with self.cond:
+                t0 = now()
+                while self.reason is None and len(self.sent) - len(self.acks) >= self.window:
+                    if not self.conn.open:
+                        self.reason = "client disconnected"
+                        break
+                    if now() - t0 > self.stall_timeout_s * 1e9:
+                        self.reason = f"client stalled: no acknowledgement for {self.stall_timeout_s:g} s"
+                        break
+                    self.cond.wait(0.05)
+                blocked = now() - t0
+                if self.reason is None and self.conn.open:
+                    self.conn.post(W.encode(W.ChunkHeader(
+                        session=ev.session, chunk=ev.chunk, frames=ev.frames, nbytes=len(msg.media),
+                        pixel_sha256=msg.pixel_sha256, frame_sha256=list(msg.frame_sha256),
+                        event={k: v for k, v in msgspec.to_builtins(ev).items() if k not in ("delivered",)})))
+                    self.conn.post(bytes(msg.media))
+                    self.sent.append(ev.chunk)
+                    self.frames_sent += ev.frames
+                    self.max_unacked = max(self.max_unacked, len(self.sent) - len(self.acks))
+                self.client_blocked_ns += blocked
+        if blocked > 1_000_000:  # under a millisecond is the lock, not the client
+            ev = msgspec.structs.replace(ev, blocked_ns={**ev.blocked_ns, "client": blocked})
+        with self.cond:
+            self.events[ev.chunk] = ev
+        self.flush_rows(final=False)  # rows of acknowledged chunks now, so a crash keeps them
+
+    def wait_acks(self) -> None:
+        """After the last chunk: wait for the outstanding acknowledgements while they keep coming
+        (a slow consumer acknowledges late, but it does), at most ``stall_timeout_s`` between two."""
+        with self.cond:
+            acked, since = len(self.acks), time.monotonic()
+            while self.reason is None and self.conn.open and len(self.acks) < len(self.sent):
+                if len(self.acks) > acked:
+                    acked, since = len(self.acks), time.monotonic()
+                if time.monotonic() - since > self.stall_timeout_s:
+                    return
+                self.cond.wait(0.05)
+
+    def flush_rows(self, final: bool) -> None:
+        """events.jsonl rows in chunk order, each once its ``delivered`` is known (or never will be)."""
+        write = self.write
+        if write is None:
+            return
+        with self.cond:
+            while self.next_row in self.events:
+                c = self.next_row
+                ev = self.events[c]
+                if c in self.sent and c not in self.acks and not final:
+                    return
+                write(msgspec.structs.replace(ev, delivered=self._delivered(ev)))
+                self.next_row += 1
+
+    def _delivered(self, ev) -> int | None:
+        if ev.chunk not in self.acks:
+            return None
+        client_ns, arrival_ns = self.acks[ev.chunk]
+        if self.same_clock and (ev.encoded or 0) <= client_ns <= arrival_ns:
+            return client_ns
+        return arrival_ns
+
+
+class StreamServer:
+    """The session runner of ``serve --listen`` (``ServeOptions.session_runner``)."""
+
+    def __init__(self, opts: ListenOptions) -> None:
+        self.opts = opts
+        self._lock = threading.Lock()
+        self._pending: queue.Queue[_Session] = queue.Queue()
+        self._active: _Session | None = None
+        self._last: W.Ended | None = None
+        self._served = 0
+        self._stop = threading.Event()
+        self._conns: set[_Conn] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner = None
+        self.address: tuple[str, int] | None = None
+        self.cfg = None
+
+    # ---- control from other threads ------------------------------------------------------------
+    def stop(self, reason: str = "server shutting down") -> None:
+        """Graceful stop (e.g. SIGTERM): the running session is cancelled, no new one starts."""
+        self._stop.set()
+        active = self._active  # no lock: this runs in a signal handler, maybe on the thread that holds it
+        if active is not None:
+            active.cancel(reason)  # the session's condition is re-entrant
+
+    # ---- driver thread -------------------------------------------------------------------------
+    def __call__(self, ctx) -> None:
+        self.cfg = ctx.cfg
+        self._start_network()
+        try:
+            while not self._stop.is_set():
+                if self.opts.max_sessions is not None and self._served >= self.opts.max_sessions:
+                    break
+                try:
+                    sess = self._pending.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                self._run_one(ctx, sess)
+        except BaseException as e:
+            from harness.drivers.serve import explain_failure
+
+            cause = explain_failure(ctx.launcher, e)
+            why = "server interrupted" if isinstance(e, KeyboardInterrupt) else (
+                cause if isinstance(cause, HarnessError) else f"{type(cause).__name__}: {cause}")
+            self._close_all(W.encode(W.Error(message=W.one_line(why), fatal=True)), code=1011)
+            if cause is not e:
+                raise cause from e
+            raise
+        finally:
+            self._stop.set()
+            self._stop_network()
+
+    def _run_one(self, ctx, sess: _Session) -> None:
+        from harness.drivers.driver import SessionControl
+
+        cfg = ctx.cfg
+        idx = self._served
+        sess.index = idx
+        sess.conn.post(W.encode(W.Started(
+            session=idx, epoch=idx, seed=sess.start.seed, preset=cfg.name, chunks=sess.chunks,
+            latent_frames_per_chunk=cfg.video.frames_per_chunk, fps=cfg.video.fps, width=cfg.video.width,
+            height=cfg.video.height, window=sess.window, action_timeout_s=sess.action_timeout_s)))
+        control = SessionControl(actions=sess.actions_for, should_cancel=sess.should_cancel, poll_s=0.005,
+                                 prompt=sess.start.prompt or f"seed {sess.start.seed}")
+        original = ctx.driver.on_chunk
+        ctx.driver.on_chunk = sess.on_chunk
+        sess.write = ctx.write_event
+        try:
+            res = ctx.driver.run_session(session=idx, epoch=idx, seed=sess.start.seed, chunks=sess.chunks, control=control)
+        except BaseException:
+            sess.flush_rows(final=True)  # the run directory keeps what was measured
+            raise
+        finally:
+            ctx.driver.on_chunk = original
+        if not res.cancelled:
+            sess.wait_acks()
+        sess.flush_rows(final=True)
+        ctx.add_result(res)
+        with sess.cond:
+            ended = W.Ended(
+                session=idx, cancelled=res.cancelled, reason=(sess.reason or "") if res.cancelled else "",
+                chunks=sess.chunks, chunks_generated=len(res.events), chunks_sent=len(sess.sent),
+                chunks_acked=len(sess.acks), frames_sent=sess.frames_sent,
+                kv_blocks_used=int(res.kv_after.get("blocks_used", -1)),
+                ring_free=-1 if res.ring_free_after is None else int(res.ring_free_after), ring_slots=ctx.ring_slots,
+                media_discarded=bool(res.media is not None and res.media.discarded), max_unacked=sess.max_unacked,
+                client_blocked_ns=sess.client_blocked_ns, delivered_clock="client" if sess.same_clock else "ack-receipt",
+                hashes=[W.ChunkHash(chunk=h["chunk"], latent_sha256=h.get("latent_sha256", ""),
+                                    pixels_sha256=h.get("pixels_sha256", "")) for h in res.chunk_hashes])
+        self._served += 1
+        with self._lock:
+            self._active = None  # before "ended" goes out: the client may start again at once
+            self._last = ended
+        sess.conn.post(W.encode(ended))
+
+    # ---- network thread ------------------------------------------------------------------------
+    def _start_network(self) -> None:
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def main() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self._loop = loop
+            try:
+                loop.run_until_complete(self._bind())
+            except BaseException as e:
+                failure.append(e)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.run_until_complete(self._unbind())
+                loop.close()
+
+        self._thread = threading.Thread(target=main, name="ws-server", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            e = failure[0]
+            raise HarnessError(f"cannot listen on {self.opts.host}:{self.opts.port}: {getattr(e, 'strerror', None) or e}")
+        if self.opts.on_listening is not None:
+            self.opts.on_listening(*self.address)
+
+    async def _bind(self) -> None:
+        from aiohttp import web
+
+        app = web.Application()
+        app.router.add_get(PATH, self._handle)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.opts.host, self.opts.port)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.address = (host, port)
+
+    async def _unbind(self) -> None:
+        for c in list(self._conns):
+            c.post(None)
+            await c.ws.close(code=1001, message=b"server shutting down")
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    def _close_all(self, final_text: str | None, code: int) -> None:
+        """From the driver thread: last words to every client, then close (bounded wait)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+
+        async def close() -> None:
+            for c in list(self._conns):
+                if final_text is not None:
+                    c.post(final_text)
+                c.post(None)
+            for c in list(self._conns):
+                try:
+                    await asyncio.wait_for(c.drained.wait(), 5.0)
+                except asyncio.TimeoutError:
+                    pass
+                await c.ws.close(code=code)
+
+        try:
+            asyncio.run_coroutine_threadsafe(close(), loop).result(10)
+        except Exception:
+            pass
+
+    def _stop_network(self) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(15)
+
+    async def _handle(self, request):
+        from aiohttp import WSMsgType, web
+
+        ws = web.WebSocketResponse(max_msg_size=self.opts.max_message_bytes, autoping=True, compress=False)
+        await ws.prepare(request)
+        if len(self._conns) >= self.opts.max_connections:
+            await ws.send_str(W.encode(W.Busy(message=f"too many connections (limit {self.opts.max_connections})")))
+            await ws.close(code=1013, message=b"busy")
+            return ws
+        conn = _Conn(ws, asyncio.get_running_loop())
+        self._conns.add(conn)
+        pump_task = asyncio.create_task(conn.pump())
+        try:
+            async for m in ws:
+                if m.type == WSMsgType.TEXT:
+                    self._dispatch(conn, m.data)
+                elif m.type == WSMsgType.BINARY:
+                    self._reject(conn, "binary messages are not accepted: send JSON text messages")
+                elif m.type == WSMsgType.ERROR:
+                    break
+                if conn.errors > self.opts.max_errors:
+                    conn.post(W.encode(W.Error(message=f"too many rejected messages ({conn.errors}); closing")))
+                    conn.post(None)
+                    await asyncio.wait_for(conn.drained.wait(), 5.0)
+                    await ws.close(code=1008, message=b"too many rejected messages")
+                    break
+                if conn.outq.qsize() > self.opts.max_backlog + 2 * self.opts.window:  # asks but never reads: memory is not free
+                    await ws.close(code=1008, message=b"client does not read its messages")
+                    break
+        finally:
+            conn.open = False
+            if conn.session is not None:
+                conn.session.cancel("client disconnected")
+            conn.post(None)
+            self._conns.discard(conn)
+            try:
+                await asyncio.wait_for(pump_task, 5.0)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                pump_task.cancel()
+        return ws
+
+    def _reject(self, conn: _Conn, message: str) -> None:
+        conn.errors += 1
+        conn.post(W.encode(W.Error(message=W.one_line(message))))
+
+    def _dispatch(self, conn: _Conn, text: str) -> None:
+        try:
+            msg = W.decode_client(text)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            return self._reject(conn, f"bad message: {W.one_line(e)}")
+        s = conn.session
+        if isinstance(msg, W.Start):
+            self._start(conn, msg)
+        elif isinstance(msg, W.Actions):
+            if s is None or self._active is not s:
+                return self._reject(conn, "actions without a running session: send start first")
+            err = s.put_actions(msg)
+            if err:
+                self._reject(conn, err)
+        elif isinstance(msg, W.Ack):
+            if s is None:
+                return self._reject(conn, "ack without a session")
+            err = s.ack(msg)
+            if err:
+                self._reject(conn, err)
+        elif isinstance(msg, W.Cancel):
+            if s is None or self._active is not s or not s.cancel("client cancelled"):
+                self._reject(conn, "no running session to cancel")
+        elif isinstance(msg, W.StatusRequest):
+            with self._lock:
+                busy, last = self._active is not None, self._last
+            conn.post(W.encode(W.Status(preset=self.cfg.name, busy=busy, sessions_served=self._served, last=last)))
+
+    def _start(self, conn: _Conn, msg: W.Start) -> None:
+        cfg = self.cfg
+        if conn.session is not None and self._active is conn.session:
+            return self._reject(conn, "a session is already running on this connection; cancel it first")
+        if msg.preset != cfg.name:
+            return self._reject(conn, f"preset {msg.preset!r} does not match the server's {cfg.name!r}")
+        if msg.image is not None:
+            return self._reject(conn, "conditioning images from clients are not supported yet "
+                                      "(a session is conditioned on the synthetic image of its seed)")
+        timeout = min(msg.action_timeout_s or self.opts.action_timeout_s, self.opts.action_timeout_s)
+        sess = _Session(conn, msg, chunks=msg.chunks or cfg.video.chunks_per_session,
+                        frames_per_chunk=cfg.video.frames_per_chunk, window=self.opts.window,
+                        action_timeout_s=timeout, stall_timeout_s=self.opts.stall_timeout_s)
+        with self._lock:
+            if self._stop.is_set() or (self.opts.max_sessions is not None
+                                       and self._served + (self._active is not None) >= self.opts.max_sessions):
+                conn.post(W.encode(W.Busy(message="server is not accepting new sessions (shutting down)")))
+                return
+            if self._active is not None:
+                conn.post(W.encode(W.Busy(message="server is busy with another session (capacity 1); try again later")))
+                return
+            self._active = sess
+        conn.session = sess
+        self._pending.put(sess)
+
+
+def listen_main(args) -> int:
+    """``serve --listen``: launch the topology, serve clients until stopped (SIGTERM/SIGINT) or
+    ``--sessions`` sessions have been served, then tear down like any serve."""
+    import signal
+
+    from harness.cli import parse_hooks, resolve_config
+    from harness.drivers.serve import ServeOptions, serve
+
+    cfg = resolve_config(args)
+    if args.sink not in (None, "stream"):
+        raise HarnessError(f"--listen streams each chunk to its client; --sink {args.sink} cannot be used with it")
+    from harness.config import override
+
+    cfg = override(cfg, runtime={"sink": "stream"})
+    host, port = parse_listen(args.listen, allow_remote=args.allow_remote)
+    if args.window is not None and not 1 <= args.window <= 256:
+        raise HarnessError(f"--window must be in 1-256 chunks, got {args.window}")
+    if args.action_timeout is not None and not 0 < args.action_timeout <= 3600:
+        raise HarnessError(f"--action-timeout must be in (0, 3600] s, got {args.action_timeout}")
+    faults = dict(parse_fault(f) for f in args.fault)
+
+    def announce(h: str, p: int) -> None:
+        print(f"listening on ws://{h}:{p}{PATH}", flush=True)
+
+    lo = ListenOptions(host=host, port=port, max_sessions=args.sessions, on_listening=announce,
+                       window=args.window or ListenOptions.window,
+                       action_timeout_s=args.action_timeout or ListenOptions.action_timeout_s)
+    server = StreamServer(lo)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: server.stop("server shutting down (SIGTERM)"))
+    res = serve(cfg, ServeOptions(out=args.out, candidates=tuple(args.candidate), hooks=parse_hooks(args.hooks),
+                                  progress=False, faults=faults, probes=False, session_runner=server,
+                                  protocol={"name": "websocket", "listen": args.listen, "window": lo.window}))
+    print(f"run directory: {res.run_dir}")
+    print(f"  sessions served: {len(res.sessions)} ({sum(r.cancelled for r in res.sessions)} cancelled)")
+    return 0
+
+
+def parse_fault(text: str) -> tuple[str, str]:
+    """``ROLE:RANK=SPEC`` (scenarios and tests: e.g. ``dit:1=die-at-chunk:2``)."""
+    key, sep, spec = text.partition("=")
+    role, _, rank = key.partition(":")
+    if not sep or role not in ("dit", "vae") or not rank.isdigit() or not spec.startswith("die-at-chunk:") \
+            or not spec.split(":", 1)[1].isdigit():
+        raise HarnessError(f"--fault {text!r}: expected ROLE:RANK=die-at-chunk:N with ROLE dit or vae")
+    return f"{role}:{rank}", spec

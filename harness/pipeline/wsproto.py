@@ -1,0 +1,188 @@
+"""The WebSocket protocol of ``serve --listen``: typed, size-limited, schema-checked JSON.
+
+Control messages are JSON text frames, one msgspec struct each, told apart by their ``type`` tag;
+unknown fields, wrong types and out-of-range values are refused by the decoder itself, so the
+server never sees a half-valid message and nothing is ever unpickled. Media travel as binary
+frames: each ``chunk`` header is followed by exactly one binary frame holding that chunk's
+FFV1/Matroska fragment (the first fragment carries the container header, so the fragments of a
+session concatenated in order are a playable file).
+
+A session, as the client sees it::
+
+    → start            ← started
+    → actions (c = 0, 1, … ahead of need; answer every need_actions at once)
+    ← chunk c, <binary fragment c>      → ack c   (carries the receipt time: the chunk's ``delivered``;
+                                                   sent once the client is ready for more: it returns credit)
+    …                                   → cancel  (any time; so does closing the socket)
+    ← ended            (cancelled or not: the server's cleanup invariants, hashes)
+
+The server asks for chunk c's actions (``need_actions``) when it is about to generate c and waits
+for them (with a timeout that cancels), so a client must not hold them back until it has seen
+chunk c−1: the driver cannot forward c−1's media while it waits. ``window`` chunks may be sent and
+not yet acknowledged; beyond that the server stops producing (backpressure, not buffering).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Union
+
+import msgspec
+from msgspec import Meta
+
+#: one text message; media frames are the server's and bounded by the chunk size
+MAX_CONTROL_BYTES = 64 * 1024
+MAX_PROMPT_CHARS = 2000
+MAX_CHUNKS = 100_000
+
+Seed = Annotated[int, Meta(ge=0, le=2**31 - 1)]
+ChunkIndex = Annotated[int, Meta(ge=0, lt=MAX_CHUNKS)]
+ActionKeys = Annotated[str, Meta(max_length=16)]
+Seconds = Annotated[float, Meta(gt=0, le=3600)]
+
+
+class _Wire(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, frozen=True, kw_only=True):
+    pass
+
+
+# ---- client → server ---------------------------------------------------------------------------
+class Start(_Wire, tag="start"):
+    preset: Annotated[str, Meta(max_length=64)]  # must equal the server's preset name
+    seed: Seed
+    #: "" means "seed {seed}": the same (seed, prompt, actions) gives the same video on any session
+    prompt: Annotated[str, Meta(max_length=MAX_PROMPT_CHARS)] = ""
+    chunks: Annotated[int, Meta(ge=1, le=MAX_CHUNKS)] | None = None  # default: the preset's
+    image: Annotated[bytes, Meta(max_length=8 << 20)] | None = None  # reserved: conditioning image
+    #: the client's /proc boot id: equal to the server's means one monotonic clock, so the
+    #: client's receipt stamps can be used as ``delivered`` directly
+    boot_id: Annotated[str, Meta(max_length=64)] = ""
+    action_timeout_s: Seconds | None = None  # at most the server's own limit
+
+
+class Actions(_Wire, tag="actions"):
+    chunk: ChunkIndex
+    actions: Annotated[list[ActionKeys], Meta(max_length=64)]  # one per latent frame
+
+
+class Ack(_Wire, tag="ack"):
+    chunk: ChunkIndex
+    received_ns: Annotated[int, Meta(ge=0)]  # client's time.monotonic_ns() when the fragment was read
+
+
+class Cancel(_Wire, tag="cancel"):
+    pass
+
+
+class StatusRequest(_Wire, tag="status"):
+    pass
+
+
+ClientMessage = Union[Start, Actions, Ack, Cancel, StatusRequest]
+
+
+# ---- server → client ---------------------------------------------------------------------------
+class Started(_Wire, tag="started"):
+    session: int
+    epoch: int
+    seed: int
+    preset: str
+    chunks: int
+    latent_frames_per_chunk: int  # actions per chunk
+    fps: int
+    width: int
+    height: int
+    window: int
+    action_timeout_s: float
+
+
+class NeedActions(_Wire, tag="need_actions"):
+    session: int
+    chunk: int
+
+
+class ChunkHeader(_Wire, tag="chunk"):
+    """Announces the binary frame that follows: chunk ``chunk``'s Matroska fragment."""
+
+    session: int
+    chunk: int
+    frames: int
+    nbytes: int
+    pixel_sha256: str
+    frame_sha256: list[str]
+    event: dict  # the chunk's boundaries so far (submit … encoded), integer ns, server clock
+
+
+class ChunkHash(_Wire, tag="hash"):
+    chunk: int
+    latent_sha256: str
+    pixels_sha256: str
+
+
+class Ended(_Wire, tag="ended"):
+    """A session is over. The cleanup figures let a client (or a scenario) check the server's
+    invariants after a cancel: no KV block, ring slot or media file left behind."""
+
+    session: int
+    cancelled: bool
+    reason: str  # "" when it ran to the end
+    chunks: int  # requested
+    chunks_generated: int  # submitted to the DiT (finished or discarded)
+    chunks_sent: int
+    chunks_acked: int
+    frames_sent: int
+    kv_blocks_used: int
+    ring_free: int
+    ring_slots: int
+    media_discarded: bool
+    max_unacked: int  # most chunks in flight to the client at once (≤ window)
+    client_blocked_ns: int  # producer time spent waiting for acknowledgements
+    delivered_clock: str  # "client" (same host clock) or "ack-receipt" (server time the ack arrived)
+    hashes: list[ChunkHash] = []  # per chunk, sessions that ran to the end
+
+
+class Error(_Wire, tag="error"):
+    message: str  # one line
+    fatal: bool = False  # the server is going down (e.g. a rank died)
+
+
+class Busy(_Wire, tag="busy"):
+    message: str
+
+
+class Status(_Wire, tag="status"):
+    preset: str
+    busy: bool
+    sessions_served: int
+    last: Ended | None = None
+
+
+ServerMessage = Union[Started, NeedActions, ChunkHeader, Ended, Error, Busy, Status]
+
+_enc = msgspec.json.Encoder()
+_client_dec = msgspec.json.Decoder(ClientMessage)
+_server_dec = msgspec.json.Decoder(ServerMessage)
+
+
+def encode(msg: _Wire) -> str:
+    return _enc.encode(msg).decode()
+
+
+def decode_client(text: str | bytes) -> ClientMessage:
+    return _client_dec.decode(text)
+
+
+def decode_server(text: str | bytes) -> ServerMessage:
+    return _server_dec.decode(text)
+
+
+def one_line(e: BaseException | str) -> str:
+    text = str(e) if not isinstance(e, str) else e
+    first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    return first[:500]
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""

@@ -1,0 +1,48 @@
+"""The scenarios of DESIGN §7 against launched topologies on the tiny preset, driven in-process
+(file sink). Slow-consumer and cancel share one launch; crash and bad-input launch their own."""
+
+from __future__ import annotations
+
+import json
+
+from harness.config import load_preset, override
+from harness.experiments import scenarios as S
+from harness.measure.events import read_sessions
+
+
+def tiny(**runtime):
+    return override(load_preset("tiny"), runtime=runtime)
+
+
+def test_slow_consumer_and_cancel_share_one_topology(tmp_path):
+    # One ring slot: a 4-chunk session at half the frame rate is enough for the producer to block.
+    topo = S.Topology(tiny(ring_slots=1), str(tmp_path / "run"))
+    with topo:
+        slow = topo.run(lambda b: S.slow_consumer_inprocess(b, S.Params(chunks=4, rate=0.5, slow_sessions=2,
+                                                                           workdir=tmp_path)))
+        cancel = topo.run(lambda b: S.cancel_inprocess(b, S.Params(cancel_chunks=3, verify_chunks=1, workdir=tmp_path)))
+    S.leak_checks(cancel, topo.pids, topo.result.ring_prefix)
+    print(slow.text())
+    print(cancel.text())
+    assert slow.ok, slow.failures
+    assert cancel.ok, cancel.failures
+    assert len(cancel.rows) >= 20
+    # the run directory records every session, the cancelled ones marked as such
+    starts = read_sessions(tmp_path / "run" / "sessions.jsonl")
+    assert sum(s.cancelled for s in starts) == sum(r[4] == "yes" for r in cancel.rows)
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["status"] == "complete"
+
+
+def test_crash_of_a_dit_and_a_vae_rank(tmp_path):
+    rep = S.crash_inprocess(tiny(), S.Params(ranks=("dit:1", "vae:1"), fault_chunk=2, workdir=tmp_path), tmp_path)
+    print(rep.text())
+    assert rep.ok, rep.failures
+
+
+def test_bad_input(tmp_path):
+    # A few command-line cases run as real subprocesses, the rest through cli.main here (same path).
+    rep = S.bad_input_inprocess(tiny(), S.Params(workdir=tmp_path, subprocess_every=6), ["--preset", "tiny"], tmp_path)
+    print(rep.text())
+    assert rep.ok, rep.failures
+    assert len(rep.rows) >= 15
+    assert sum(r[1] == "subprocess" for r in rep.rows) >= 3
