@@ -217,7 +217,7 @@ def validate_events(events: Sequence[ChunkEvent], sessions: Sequence[SessionStar
 
     Checks: boundaries of a chunk follow the data flow; no chunk is recorded twice; within a
     session every boundary advances with the chunk index (stages are FIFO per session); frames are
-    positive; a session start precedes every boundary of its chunks and is recorded once.
+    positive (zero only for a cancelled chunk that never reached host memory); a session start precedes every boundary of its chunks and is recorded once.
     """
     out: list[str] = []
     seen: set[tuple[int, int, int]] = set()
@@ -229,7 +229,8 @@ def validate_events(events: Sequence[ChunkEvent], sessions: Sequence[SessionStar
         seen.add(e.key)
         if e.chunk < 0:
             out.append(f"{_where(e.key)}: negative chunk index")
-        if e.frames <= 0:
+        # A cancelled chunk that never reached the VAE has no frames: 0 is its honest count.
+        if e.frames < 0 or (e.frames == 0 and not (e.cancelled and e.cpu_ready is None)):
             out.append(f"{_where(e.key)}: frames must be positive, got {e.frames}")
         out.extend(order_violations(e))
         by_session.setdefault((e.session, e.epoch), []).append(e)

@@ -107,3 +107,14 @@ def test_at_rejects_unknown_boundary():
     assert e.at("submit") == 1 and e.at("delivered") is None
     with pytest.raises(KeyError):
         e.at("frames")
+
+
+def test_zero_frames_only_allowed_for_a_cancelled_chunk_that_never_reached_the_host():
+    from harness.measure.events import ChunkEvent, validate_events
+
+    dropped = ChunkEvent(session=0, epoch=1, chunk=3, frames=0, submit=10, dit_start=11, dit_end=12, cancelled=True)
+    assert validate_events([dropped]) == []
+    live = ChunkEvent(session=0, epoch=1, chunk=3, frames=0, submit=10, dit_start=11, dit_end=12)
+    assert any("frames must be positive" in v for v in validate_events([live]))
+    decoded = ChunkEvent(session=0, epoch=1, chunk=3, frames=0, submit=10, cpu_ready=20, cancelled=True)
+    assert any("frames must be positive" in v for v in validate_events([decoded]))
