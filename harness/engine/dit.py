@@ -159,6 +159,9 @@ class ForwardContext:
     group_blocks: int  # blocks per step of the paged KV path
     kv_fn: KvPathFn | None = None  # resolved from the model's switches at each forward
     attend: DenseFn | None = None
+    #: Per-block camera (scale, shift) of this chunk when the engine's camera cache (H2a) is on:
+    #: the first forward fills it, the other four read it. None: every forward recomputes.
+    camera: list[tuple[Tensor, Tensor]] | None = None
 
 
 # ---- modules -------------------------------------------------------------------------------------
@@ -176,8 +179,9 @@ class SelfAttention(nn.Module):
     """q/k/v keep their checkpoint names, but after ``fuse_qkv_`` they are views into one
     (3·dim, dim) weight, so the forward is a single GEMM and no memory is duplicated."""
 
-    def __init__(self, dim: int, heads: int, eps: float, dtype: torch.dtype):
+    def __init__(self, dim: int, heads: int, eps: float, dtype: torch.dtype, layer: int = 0):
         super().__init__()
+        self.layer = layer  # which KV pool; read only outside compiled code (see attend_cache)
         self.dim, self.heads, self.head_dim = dim, heads, dim // heads
         self.q = nn.Linear(dim, dim, dtype=dtype)
         self.k = nn.Linear(dim, dim, dtype=dtype)
@@ -197,7 +201,7 @@ class SelfAttention(nn.Module):
             lin.bias = nn.Parameter(b[i * self.dim : (i + 1) * self.dim], requires_grad=False)
         self._qkv_w, self._qkv_b = w, b
 
-    def forward(self, x: Tensor, layer: int, ctx: ForwardContext) -> Tensor:
+    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
         w = self._qkv_w
         if w is None or w.device != self.q.weight.device or w.dtype != self.q.weight.dtype:
             raise HarnessError("fused QKV is stale: call model.fuse_qkv_() after moving or casting the model")
@@ -205,19 +209,13 @@ class SelfAttention(nn.Module):
         q, k, v = F.linear(x, w, self._qkv_b).split(self.dim, dim=-1)
         q = apply_rope(self.norm_q(q).view(n, h, d), ctx.rope)
         k = apply_rope(self.norm_k(k).view(n, h, d), ctx.rope)
-        v = v.view(n, h, d)
-        if ctx.group.active:
-            q, k, v = seq_to_heads(torch.stack([q, k, v], dim=1), ctx.group).unbind(1)
-        ctx.cache.write(layer, ctx.kv, k, v)
-        with hctx.phase(role="self_attention"):
-            o = ctx.kv_fn(q, ctx.cache.k[layer], ctx.cache.v[layer], ctx.kv.visible_ids,
-                          attend=ctx.attend, group_blocks=ctx.group_blocks)
-        return self.o(heads_to_seq(o, ctx.group).reshape(n, self.dim))
+        return self.o(attend_cache(self, q, k, v.view(n, h, d), ctx).reshape(n, self.dim))
 
 
 class CrossAttention(nn.Module):
-    def __init__(self, dim: int, heads: int, eps: float, dtype: torch.dtype):
+    def __init__(self, dim: int, heads: int, eps: float, dtype: torch.dtype, layer: int = 0):
         super().__init__()
+        self.layer = layer  # which text K/V; read only outside compiled code
         self.dim, self.heads, self.head_dim = dim, heads, dim // heads
         self.q = nn.Linear(dim, dim, dtype=dtype)
         self.k = nn.Linear(dim, dim, dtype=dtype)
@@ -234,24 +232,50 @@ class CrossAttention(nn.Module):
         v = self.v(context).view(n, h, d)[:, heads[0] : heads[1]].contiguous()
         return k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
 
-    def forward(self, x: Tensor, layer: int, ctx: ForwardContext) -> Tensor:
+    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
         n = x.shape[0]
         q = self.norm_q(self.q(x)).view(n, self.heads, self.head_dim)
-        if ctx.group.active:
-            q = seq_to_heads(q.unsqueeze(1), ctx.group)[:, 0]
-        k, v = ctx.text_kv[layer]
-        with hctx.phase(role="cross_attention"):
-            o = cross_attention(q, k, v, attend=ctx.attend)
-        return self.o(heads_to_seq(o, ctx.group).reshape(n, self.dim))
+        return self.o(attend_text(self, q, ctx).reshape(n, self.dim))
+
+
+# The attention cores run outside compiled graphs (``torch.compiler.disable``: a graph break in
+# compiled mode, a plain call in eager). They hold everything a compiled block must not see: the
+# self-attention K length grows chunk by chunk until the window saturates, the KV pool write and
+# the SP all-to-alls are side effects, and the kernel is picked by runtime switches (H1a/H1b).
+# So a compiled block has the same shapes in every chunk (nothing recompiles after the first
+# forward) and runs exactly the attention kernels eager runs. The layer index is read here, never
+# in traced code: dynamo would specialise on the int and compile every layer separately.
+@torch.compiler.disable
+def attend_cache(attn: SelfAttention, q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext) -> Tensor:
+    """Chunk q/k/v (n_local, H, D) → attention output (n_local, H, D) over cache + chunk."""
+    layer = attn.layer
+    if ctx.group.active:
+        q, k, v = seq_to_heads(torch.stack([q, k, v], dim=1), ctx.group).unbind(1)
+    ctx.cache.write(layer, ctx.kv, k, v)
+    with hctx.phase(role="self_attention"):
+        o = ctx.kv_fn(q, ctx.cache.k[layer], ctx.cache.v[layer], ctx.kv.visible_ids,
+                      attend=ctx.attend, group_blocks=ctx.group_blocks)
+    return heads_to_seq(o, ctx.group)
+
+
+@torch.compiler.disable
+def attend_text(attn: CrossAttention, q: Tensor, ctx: ForwardContext) -> Tensor:
+    """Chunk queries (n_local, H, D) over the session's cached text K/V."""
+    if ctx.group.active:
+        q = seq_to_heads(q.unsqueeze(1), ctx.group)[:, 0]
+    k, v = ctx.text_kv[attn.layer]
+    with hctx.phase(role="cross_attention"):
+        o = cross_attention(q, k, v, attend=ctx.attend)
+    return heads_to_seq(o, ctx.group)
 
 
 class Block(nn.Module):
-    def __init__(self, m: ModelConfig, dtype: torch.dtype):
+    def __init__(self, m: ModelConfig, dtype: torch.dtype, layer: int = 0):
         super().__init__()
         dim, self.eps = m.dim, m.eps
-        self.self_attn = SelfAttention(dim, m.num_heads, m.eps, dtype)
+        self.self_attn = SelfAttention(dim, m.num_heads, m.eps, dtype, layer)
         self.norm3 = nn.LayerNorm(dim, eps=m.eps, elementwise_affine=True, dtype=dtype)
-        self.cross_attn = CrossAttention(dim, m.num_heads, m.eps, dtype)
+        self.cross_attn = CrossAttention(dim, m.num_heads, m.eps, dtype, layer)
         self.ffn = nn.Sequential(nn.Linear(dim, m.ffn_dim, dtype=dtype), nn.GELU(approximate="tanh"),
                                  nn.Linear(m.ffn_dim, dim, dtype=dtype))
         self.modulation = nn.Parameter(torch.zeros(1, 6, dim, dtype=dtype))
@@ -264,19 +288,21 @@ class Block(nn.Module):
         return F.layer_norm(x, (x.shape[-1],), eps=self.eps)
 
     def camera(self, c: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-token (scale, shift) from the camera state. The input is the same in all 5 forwards
-        of a chunk, which is what the camera_chunk_cache candidate exploits by wrapping this."""
+        """Per-token (scale, shift) from the camera state. Its input is the same in all 5 forwards
+        of a chunk (the camera chunk cache, H2a, evaluates it once). A separate call rather than part
+        of ``forward`` so that, compiled, the block graph is the same with and without that cache."""
         h = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(c))) + c
         return self.cam_scale_layer(h), self.cam_shift_layer(h)
 
-    def forward(self, x: Tensor, e0: Tensor, c: Tensor, layer: int, ctx: ForwardContext) -> Tensor:
+    def forward(self, x: Tensor, e0: Tensor, cam: tuple[Tensor, Tensor], ctx: ForwardContext) -> Tensor:
+        """``cam``: this block's ``camera(c)``."""
         lay = ctx.layout
         shift_msa, scale_msa, gate_msa, shift_ffn, scale_ffn, gate_ffn = (self.modulation + e0).unbind(1)
-        y = self.self_attn(lay.modulate(self._norm(x), shift_msa, scale_msa), layer, ctx)
+        y = self.self_attn(lay.modulate(self._norm(x), shift_msa, scale_msa), ctx)
         x = lay.gated_add_(x, y, gate_msa)
-        cam_scale, cam_shift = self.camera(c)
+        cam_scale, cam_shift = cam
         x = torch.addcmul(cam_shift, x, 1 + cam_scale)
-        x = x + self.cross_attn(self.norm3(x), layer, ctx)
+        x = x + self.cross_attn(self.norm3(x), ctx)
         y = self.ffn(lay.modulate(self._norm(x), shift_ffn, scale_ffn))
         return lay.gated_add_(x, y, gate_ffn)
 
@@ -307,11 +333,13 @@ class WanDiT(nn.Module):
         self.time_embedding = nn.Sequential(nn.Linear(m.freq_dim, dim, dtype=dtype), nn.SiLU(),
                                             nn.Linear(dim, dim, dtype=dtype))
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim, dtype=dtype))
-        self.blocks = nn.ModuleList([Block(m, dtype) for _ in range(m.num_layers)])
+        self.blocks = nn.ModuleList([Block(m, dtype, i) for i in range(m.num_layers)])
         self.head = Head(m, dtype)
         # Runtime switches a candidate may flip between forwards (names in attention.KV_PATHS / DENSE).
         self.kv_path = "gather"
         self.attention = "sdpa"
+        #: Per block, the compiled (forward, camera) pair; None runs the blocks eagerly.
+        self.compiled_blocks: tuple[tuple, ...] | None = None
 
     def fuse_qkv_(self) -> "WanDiT":
         for b in self.blocks:
@@ -341,17 +369,43 @@ class WanDiT(nn.Module):
         x = x[:, lay.start : lay.end].t().contiguous()
         e = self.time_embedding(t_freq.to(dtype))  # (F, dim)
         e0 = self.time_projection(e).unflatten(1, (6, self.cfg.dim))
-        c = self.patch_embedding_wancamctrl(cam)
-        c = c + self.c2ws_hidden_states_layer2(F.silu(self.c2ws_hidden_states_layer1(c)))
+        cached = ctx.camera
+        c = None
+        if cached is None or len(cached) < len(self.blocks):  # once the cache is full, c is not needed
+            c = self.patch_embedding_wancamctrl(cam)
+            c = c + self.c2ws_hidden_states_layer2(F.silu(self.c2ws_hidden_states_layer1(c)))
         if hctx.ACTIVE:  # per-layer phases only when a hook consumes them
-            for i, block in enumerate(self.blocks):
+            for i in range(len(self.blocks)):
                 with hctx.phase(layer=i):
-                    x = block(x, e0, c, i, ctx)
+                    x = self._block(i, x, e0, c, ctx)
         else:
-            for i, block in enumerate(self.blocks):
-                x = block(x, e0, c, i, ctx)
+            for i in range(len(self.blocks)):
+                x = self._block(i, x, e0, c, ctx)
         out = gather_tokens(self.head(x, e, lay).float(), ctx.group)
         return unpatchify(out, ctx.grid, self.cfg.patch_size, self.cfg.out_channels)
+
+    def _block(self, i: int, x: Tensor, e0: Tensor, c: Tensor | None, ctx: ForwardContext) -> Tensor:
+        block = self.blocks[i]
+        fwd, camera = (block, block.camera) if self.compiled_blocks is None else self.compiled_blocks[i]
+        cached = ctx.camera
+        if cached is None:
+            cam = camera(c)
+        elif i < len(cached):
+            cam = cached[i]
+        else:
+            cam = camera(c)
+            cached.append(cam)
+        return fwd(x, e0, cam, ctx)
+
+    # -- compiled mode --
+    def compile_blocks(self, **options) -> None:
+        """Compile every block (and its camera injector) with ``torch.compile(**options)``; the
+        blocks share one code object, so the graph is traced once and reused by every layer."""
+        self.compiled_blocks = tuple((torch.compile(b, **options), torch.compile(b.camera, **options))
+                                     for b in self.blocks)
+
+    def uncompile_blocks(self) -> None:
+        self.compiled_blocks = None
 
 
 def unpatchify(x: Tensor, grid: tuple[int, int, int], patch: tuple[int, int, int], channels: int) -> Tensor:

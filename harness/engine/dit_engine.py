@@ -14,11 +14,21 @@ camera poses, from pinned memory on GPU).
 On the meta device the engine allocates nothing (weights, KV pools and activations are shapes
 only) but still runs sessions and chunks, so a dispatch recorder can count the full-size model's
 FLOPs on a laptop; its latents are meta tensors.
+
+Execution mode (``cfg.runtime.mode``): "eager" is the numerical reference. "compiled" compiles
+every DiT block with ``torch.compile`` (inductor; on CUDA ``max-autotune-no-cudagraphs``,
+overridable with ``compile_mode=`` or ``HARNESS_COMPILE_MODE``). The attention cores stay outside
+the graphs (``dit.attend_cache``), so the K length that grows until the window saturates never
+reaches a compiled graph: one set of graphs, traced in the first forward, serves every chunk and
+every layer. "deterministic" is compiled without on-device autotuning (inductor's
+``deterministic``), plus the process-wide flags set by the worker. ``compile_stats()`` counts what
+dynamo compiled, per chunk, so a recompilation after warm-up is visible.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -63,7 +73,7 @@ class DitSession:
 
 class DitEngine:
     def __init__(self, cfg: HarnessConfig, *, group: RankGroup, device: torch.device, seed: int = 0,
-                 weights_dir: str | None = None):
+                 weights_dir: str | None = None, compile_mode: str | None = None):
         m, v = cfg.model, cfg.video
         if group.size != cfg.parallel.sp:
             raise HarnessError(f"DiT group has {group.size} ranks but parallel.sp = {cfg.parallel.sp}")
@@ -103,6 +113,16 @@ class DitEngine:
         self.t_freq = sinusoidal(self.timesteps, m.freq_dim).to(self.device)  # (phases, freq_dim)
         self.rays = camera.CameraRays(v.height, v.width, self.device)
         self._gen = None if self.meta else torch.Generator(device=self.device)
+        #: H2a switch: evaluate the per-block camera injection in a chunk's first forward only.
+        self.camera_cache = False
+        self.mode = cfg.runtime.mode
+        self.compile_options: dict = {}
+        self._compile_base: dict[str, int] = {}
+        self._compiles_per_chunk: list[int] = []
+        self._seen_compiles: set[str] = set()
+        self._recompiles: list[str] = []  # first line of each guard failure that caused one
+        if self.mode != "eager" and not self.meta:
+            self.compile(compile_mode)
 
     # ---- runtime switches (a candidate may flip these between chunks) ----------------------------
     @property
@@ -125,6 +145,59 @@ class DitEngine:
 
     def attention_description(self) -> str:
         return f"{self.kv_path}+{self.attention}"
+
+    # ---- compiled mode ---------------------------------------------------------------------------
+    def compile(self, compile_mode: str | None = None) -> None:
+        """Compile the blocks (see the module docstring); the graphs are traced lazily, in the
+        first forward."""
+        import torch._inductor.config
+
+        # static shapes: a size change must show up as a recompilation, not as a silent dynamic graph
+        opts: dict = {"dynamic": False}
+        if self.mode == "deterministic":
+            # no on-device benchmarking of kernel variants: the choice (and so the summation order)
+            # would depend on timing noise and differ between launches
+            if hasattr(torch._inductor.config, "deterministic"):
+                opts["options"] = {"deterministic": True}
+        else:
+            mode = compile_mode or os.environ.get("HARNESS_COMPILE_MODE")
+            if mode is None and self.device.type == "cuda":
+                mode = "max-autotune-no-cudagraphs"
+            if mode and mode != "default":
+                opts["mode"] = mode
+        self.compile_options = opts
+        self._compile_base = _dynamo_counts()
+        self._note_compiles()
+        self._recompiles = []
+        self.model.compile_blocks(**opts)
+
+    def compile_stats(self) -> dict:
+        """What dynamo compiled since ``compile`` (process-wide counters): ``frames`` compiled
+        (every graph fragment and every recompilation), ``graphs``, ``graph_breaks``,
+        ``recompiles`` (frames compiled again after a guard failed, with the last reasons), and
+        ``compiles_per_chunk`` — all zeros after the first chunk when nothing recompiles."""
+        if self.model.compiled_blocks is None:
+            return {"mode": self.mode, "compiled": False}
+        self._note_compiles()
+        now = _dynamo_counts()
+        out = {"mode": self.mode, "compiled": True, "options": dict(self.compile_options)}
+        out.update({k: now[k] - self._compile_base.get(k, 0) for k in now})
+        out["recompiles"] = len(self._recompiles)
+        out["recompile_reasons"] = self._recompiles[-5:]
+        out["compiles_per_chunk"] = list(self._compiles_per_chunk)
+        return out
+
+    def _note_compiles(self) -> None:
+        # dynamo keeps metrics of its last 64 compilations only; a chunk compiles far fewer, so
+        # looking after every chunk that compiled anything misses none
+        from torch._dynamo.utils import get_compilation_metrics
+
+        for m in get_compilation_metrics():
+            cid = str(m.compile_id)
+            if cid not in self._seen_compiles:
+                self._seen_compiles.add(cid)
+                if reason := getattr(m, "recompile_reason", None):
+                    self._recompiles.append(reason.splitlines()[0].strip())
 
     # ---- session API -----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -149,6 +222,18 @@ class DitEngine:
             return self._generate_chunk(session, actions, poses)
 
     def _generate_chunk(self, session: DitSession, actions: list[str] | None, poses) -> Tensor:
+        if self.model.compiled_blocks is None:
+            return self._run_chunk(session, actions, poses)
+        before = _dynamo_counts()["frames"]
+        try:
+            return self._run_chunk(session, actions, poses)
+        finally:
+            compiled = _dynamo_counts()["frames"] - before
+            self._compiles_per_chunk.append(compiled)
+            if compiled:
+                self._note_compiles()
+
+    def _run_chunk(self, session: DitSession, actions: list[str] | None, poses) -> Tensor:
         first = session.kv.next_frame
         rays, world = self._camera(session, actions, poses)
         cam = self.model.camera_tokens(rays, self.layout).to(self.dtype)
@@ -156,7 +241,8 @@ class DitEngine:
         self.cache.begin_chunk(session.kv, self.frames)
         session.kv_tokens.append(self.cache.visible_tokens(session.kv))
         ctx = ForwardContext(group=self.group, layout=self.layout, grid=self.grid, rope=self.rope.for_chunk(first),
-                             cache=self.cache, kv=session.kv, text_kv=session.text_kv, group_blocks=self.group_blocks)
+                             cache=self.cache, kv=session.kv, text_kv=session.text_kv, group_blocks=self.group_blocks,
+                             camera=[] if self.camera_cache else None)
         if self.hooks:
             self._emit("chunk_start", session=session.sid, chunk=session.chunk, kv_tokens=session.kv_tokens[-1])
 
@@ -169,6 +255,7 @@ class DitEngine:
             if i + 1 < steps:
                 x = schedule.renoise(x0, self._noise(session, i + 1), self.sigmas[i + 1])
         self._forward(session, ctx, x0, y, cam, steps)  # commit: K/V of the clean chunk
+        ctx.camera = None  # the camera cache lives for one chunk: the next one has new poses
         self.cache.commit(session.kv)
         if session.first_pose is None:
             session.first_pose = world[0]
@@ -240,3 +327,10 @@ class DitEngine:
     def _emit(self, event: str, **info) -> None:
         for h in self.hooks:
             h(event, info)
+
+
+def _dynamo_counts() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+
+    return {"frames": counters["frames"]["ok"], "graphs": counters["stats"]["unique_graphs"],
+            "graph_breaks": sum(counters["graph_break"].values())}

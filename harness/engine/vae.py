@@ -74,10 +74,13 @@ class CausalCache:
     def __init__(self, slots: int):
         self.slots: list[torch.Tensor | None] = [None] * slots
         self.steps = 0  # coder forwards run so far
+        # Whether no forward has run yet. A flag of its own, not ``steps == 0``: a compiled decoder
+        # step (H3a) specialises on what it reads, and a bool has two values, a counter one per frame.
+        self.first = True
 
-    @property
-    def first(self) -> bool:
-        return self.steps == 0
+    def advance(self) -> None:
+        self.steps += 1
+        self.first = False
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.slots if t is not None)
@@ -191,9 +194,12 @@ class Resample(nn.Module):
 
     def forward(self, x, cache: CausalCache, width: WidthOps = LOCAL):
         # Wan's "Rep" rule: the session's first latent frame is the conditioning image and stays
-        # one frame, so it skips the temporal ×2; later frames see zeros as its history, which is
-        # what an empty cache slot already means.
-        if self.mode == "upsample3d" and not cache.first:
+        # one frame, so it skips the temporal ×2; later frames see zeros as its history. Those
+        # zeros are stored now rather than left to the empty slot, so that the second frame's
+        # cache looks like every later frame's (one compiled graph serves them all, H3a).
+        if self.mode == "upsample3d" and cache.first:
+            cache.slots[self.time_conv.slot] = x.new_zeros(x.shape[:2] + (self.time_conv.history,) + x.shape[3:])
+        elif self.mode == "upsample3d":
             # the time_conv emits both output phases as channel halves; interleave them in time
             b, c, t, h, w = x.shape
             x = self.time_conv(x, cache, width).view(b, 2, c, t, h, w)
@@ -273,17 +279,35 @@ class Decoder(nn.Module):
         self.norm_out = RMSNorm(dims[-1])
         self.conv_out = CausalConv3d(dims[-1], out_channels, 3, padding=1)
         self.num_slots = _assign_slots(self)
+        #: ``step`` compiled by ``compile_step`` (H3a); None runs it eagerly.
+        self.compiled_step = None
 
     def forward(self, x, cache: CausalCache, width: WidthOps = LOCAL):
         if cache.first and x.shape[2] != 1:
             raise HarnessError("a decode session must start with a single latent frame")
+        # The session's first frame takes another path (no temporal upsampling) once per session:
+        # it runs eagerly, so every compiled call sees the same kind of frame and cache.
+        step = self.step if cache.first or self.compiled_step is None else self.compiled_step
+        x = step(x, cache, width)
+        cache.advance()
+        return x
+
+    def step(self, x, cache: CausalCache, width: WidthOps = LOCAL):
+        """One streaming forward: reads every cache slot and stores its replacement."""
         x = self.conv_in(x, cache, width)
         x = self.mid_block(x, cache, width)
         for block in self.up_blocks:
             x = block(x, cache, width)
-        x = self.conv_out(F.silu(self.norm_out(x)), cache, width)
-        cache.steps += 1
-        return x
+        return self.conv_out(F.silu(self.norm_out(x)), cache, width)
+
+    def compile_step(self, **options) -> None:
+        """``torch.compile`` the per-frame step of every frame but a session's first. Cache slots
+        are graph inputs and the slots it stores graph outputs, so one graph (traced at the
+        session's second frame) serves every later frame of every session."""
+        self.compiled_step = torch.compile(self.step, **options)
+
+    def uncompile_step(self) -> None:
+        self.compiled_step = None
 
 
 class Encoder(nn.Module):
@@ -312,7 +336,7 @@ class Encoder(nn.Module):
             x = layer(x, cache, width)
         x = self.mid_block(x, cache, width)
         x = self.conv_out(F.silu(self.norm_out(x)), cache, width)
-        cache.steps += 1
+        cache.advance()
         return x
 
 

@@ -13,7 +13,7 @@ import torch
 
 from harness.config import VAE_SPATIAL, VAE_TEMPORAL, HarnessConfig
 from harness.engine.groups import RankGroup
-from harness.engine.vae import LOCAL, CausalCache, WanVAE, build_vae, parameter_count
+from harness.engine.vae import LOCAL, CausalCache, WanVAE, WidthOps, build_vae, parameter_count
 from harness.engine.vae_shard import WidthShard
 from harness.errors import HarnessError
 
@@ -49,6 +49,30 @@ class VaeEngine:
         self.model = build_vae(cfg.vae, encoder=False, decoder=True, seed=seed, weights=weights_dir,
                                device=self.device, dtype=self.dtype)
         self._encoder: WanVAE | None = None  # built on first encode_image
+        self._eager_width = self.width
+
+    # -- compiled decoder (H3a) -------------------------------------------------------------------
+    def compile_decoder(self, **options) -> None:
+        """``torch.compile`` the decoder's per-frame step (``Decoder.compile_step``). With width
+        sharding, the halo exchanges and gathers stay outside the graphs: they are collectives a
+        tracer cannot follow, and their byte counter would be specialised on at every call."""
+        if self.group.active:
+            self.width = _Untraced(self._eager_width)
+            # Each exchange splits the step into fragments that start inside a convolution, so
+            # one fragment's code runs at every convolution's shape: allow a graph per shape
+            # instead of dynamo's default 8, past which it would silently run eagerly.
+            import torch._dynamo.config as dcfg
+
+            convs = sum(isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)) for m in self.model.decoder.modules())
+            limit = "recompile_limit" if hasattr(dcfg, "recompile_limit") else "cache_size_limit"
+            setattr(dcfg, limit, max(getattr(dcfg, limit), convs + 8))
+            dcfg.accumulated_recompile_limit = max(dcfg.accumulated_recompile_limit, 16 * convs)
+        # static shapes: a size change must show up as a recompilation, not as a dynamic graph
+        self.model.decoder.compile_step(**{"dynamic": False, **options})
+
+    def uncompile_decoder(self) -> None:
+        self.model.decoder.uncompile_step()
+        self.width = self._eager_width
 
     @property
     def decoder_params(self) -> int:
@@ -107,3 +131,25 @@ class VaeEngine:
     @staticmethod
     def frames_for(latent_frames: int, first: bool) -> int:
         return 1 + VAE_TEMPORAL * (latent_frames - 1) if first else VAE_TEMPORAL * latent_frames
+
+
+class _Untraced(WidthOps):
+    """The engine's width object, with its communication outside compiled code (a graph break at
+    each halo exchange and gather; a pad with no width halo stays traced)."""
+
+    def __init__(self, inner: WidthOps):
+        self.inner, self.rank, self.size = inner, inner.rank, inner.size
+
+    def pad2d(self, x: torch.Tensor, ph: int, pw: int) -> torch.Tensor:
+        return self._exchange(x, ph, pw) if pw else self.inner.pad2d(x, ph, pw)
+
+    @torch.compiler.disable
+    def _exchange(self, x: torch.Tensor, ph: int, pw: int) -> torch.Tensor:
+        return self.inner.pad2d(x, ph, pw)
+
+    @torch.compiler.disable
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner.gather(x)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)

@@ -29,6 +29,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     cfg: HarnessConfig
     device: str  # "cpu" or "cuda:N"
     dist_port: int = 0
+    dist_host: str = "127.0.0.1"  # rendezvous host: global rank 0's node (another host under Ray)
     run_dir: str = ""
     ring: dict | None = None  # FrameRing spec (VAE rank 0 and the encoder)
     candidates: tuple[str, ...] = ()
@@ -84,7 +85,7 @@ def init_groups(spec: WorkerSpec) -> RankGroup:
     backend = "nccl" if spec.device.startswith("cuda") else "gloo"
     dist.init_process_group(
         backend,
-        init_method=f"tcp://127.0.0.1:{spec.dist_port}",
+        init_method=f"tcp://{spec.dist_host}:{spec.dist_port}",
         rank=global_rank,
         world_size=sp + m,
         timeout=timedelta(seconds=cfg.runtime.rank_timeout_s),

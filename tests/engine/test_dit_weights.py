@@ -77,7 +77,7 @@ def test_fused_qkv_shares_storage(cfg):
     assert parameter_count(model) == sum(t.numel() for t in model.state_dict().values())
     model.double()
     with pytest.raises(HarnessError, match="fuse_qkv_"):
-        attn.forward(torch.zeros(2, dim, dtype=torch.float64), 0, None)
+        attn.forward(torch.zeros(2, dim, dtype=torch.float64), None)
 
 
 def test_init_is_a_pure_function_of_name_and_seed():

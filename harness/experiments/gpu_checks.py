@@ -1,0 +1,315 @@
+"""GPU acceptance checks for H2a, H3a, H4a, H4b and the compiled modes, one compact JSON report each.
+
+    python -m harness.experiments.gpu_checks output  [--json F]   # H4a + H4b: exactness, convert+D2H times
+    python -m harness.experiments.gpu_checks vae     [--json F]   # H3a: compiled vs eager decode
+    python -m harness.experiments.gpu_checks dit     [--json F] [--chunks 7] [--compile-mode M]
+                                                                  # compiled vs eager DiT (+ H2a)
+    python -m harness.experiments.gpu_checks determinism [--json F] [--chunks 3]
+                                                                  # two launches of --mode deterministic
+
+All on one GPU at the full 480×832 preset (SP 1, one VAE rank), random weights from a fixed seed.
+Times are host wall times around synchronised calls; "steady" chunks are those with a saturated
+KV window (chunk ≥ 5). The numeric gates are the run gates' metrics (``measure.gates``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+PRESET = "lingbot-480x832"
+ACTIONS = [["W", "WJ", ""], ["D", "", "I"], ["", "", ""], ["SL", "K", "A"]]
+
+
+def _cfg(**runtime):
+    from harness.config import load_preset, override
+
+    return override(load_preset(PRESET), parallel={"sp": 1, "vae_ranks": 1}, runtime=runtime)
+
+
+def _sync() -> None:
+    torch.cuda.synchronize()
+
+
+def _ms(fn, reps: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(reps):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), times
+
+
+# ---- H4a + H4b ---------------------------------------------------------------------------------
+def _decoded_chunk() -> torch.Tensor:
+    """A real 12-frame 480×832 chunk: the full-size decoder's second chunk of a session."""
+    from harness.engine.groups import RankGroup
+    from harness.engine.vae_engine import VaeEngine
+
+    cfg = _cfg()
+    eng = VaeEngine(cfg, group=RankGroup.single(), device=torch.device("cuda"), seed=0)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    s = eng.start_session()
+    shape = (16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)
+    eng.decode_chunk(s, torch.randn(shape, generator=g, device="cuda"))
+    frames = eng.decode_chunk(s, torch.randn(shape, generator=g, device="cuda"))
+    eng.end_session(s)
+    del eng
+    torch.cuda.empty_cache()
+    return frames
+
+
+def check_output(reps: int = 50) -> dict:
+    from harness.candidates.h4b_pinned_d2h import PinnedCopy
+    from harness.engine import convert, fused_convert
+    from harness.pipeline.ring import FrameRing
+
+    frames = _decoded_chunk()
+    shape = (frames.shape[1], frames.shape[2], frames.shape[3], 3)
+    ref_u8 = convert.to_uint8(frames)
+    fused_u8 = fused_convert.to_uint8(frames)
+    edge = torch.tensor([-1.0, 1.0, 0.0, float("nan"), float("inf"), -float("inf"), 3.0, -3.0], device="cuda")
+    k = torch.arange(256, device="cuda", dtype=torch.float32)
+    edge = torch.cat([edge, (k + 0.5) / 127.5 - 1, torch.nextafter((k + 0.5) / 127.5 - 1, torch.tensor(9.0, device="cuda"))])
+    edge = torch.cat([edge, edge.new_zeros((-edge.numel()) % 3)]).view(3, 1, 1, -1)
+    out = {"shape": list(frames.shape),
+           "h4a_exact_chunk": bool(torch.equal(ref_u8, fused_u8)),
+           "h4a_exact_edges": bool(torch.equal(convert.to_uint8(edge), fused_convert.to_uint8(edge)))}
+
+    # two rings: registering one with the driver must not speed up the reference's copies
+    rings = [FrameRing.create(f"harness-gpucheck-{os.getpid()}-{i}", 1, int(np.prod(shape))) for i in range(2)]
+    pinned = PinnedCopy()
+    try:
+        refs = [r.acquire(0, 0) for r in rings]
+        pageable, registered = (r.buffer(ref, shape) for r, ref in zip(rings, refs))
+        plain = lambda u8, dst: torch.from_numpy(dst).copy_(u8)  # noqa: E731 — the reference copy_out
+        pinned(ref_u8, registered)
+        out["h4b_exact"] = bool(np.array_equal(registered, ref_u8.cpu().numpy()))
+        times = {}
+        for name, conv, copy, dst in (("reference", convert.to_uint8, plain, pageable),
+                                      ("h4a", fused_convert.to_uint8, plain, pageable),
+                                      ("h4b", convert.to_uint8, pinned, registered),
+                                      ("h4a+h4b", fused_convert.to_uint8, pinned, registered)):
+            times[f"{name}_convert_ms"] = round(_ms(lambda: conv(frames), reps)[0], 3)
+            times[f"{name}_convert_d2h_ms"] = round(_ms(lambda: copy(conv(frames), dst), reps)[0], 3)
+        out["h4b_path"] = pinned.describe()
+        out["pageable_is_pinned"] = torch.from_numpy(pageable).is_pinned()
+        out["times"] = times
+        base = times["reference_convert_d2h_ms"]
+        out["ratio_vs_reference"] = {k: round(times[f"{k}_convert_d2h_ms"] / base, 3) for k in ("h4a", "h4b", "h4a+h4b")}
+        del pageable, registered
+        for r, ref in zip(rings, refs):
+            r.release(ref)
+    finally:
+        pinned.close()
+        for r in rings:
+            r.close()
+            r.unlink()
+    return out
+
+
+# ---- H3a ---------------------------------------------------------------------------------------
+def check_vae(chunks: int = 6, mode: str = "default") -> dict:
+    from harness.engine.convert import to_uint8
+    from harness.engine.groups import RankGroup
+    from harness.engine.vae_engine import VaeEngine
+    from harness.measure.gates import pixel_metrics, pixel_passes
+    from torch._dynamo.utils import counters
+
+    cfg = _cfg()
+    eng = VaeEngine(cfg, group=RankGroup.single(), device=torch.device("cuda"), seed=0)
+    shape = (16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)
+
+    def session() -> tuple[list[np.ndarray], list[float], list[int]]:
+        g = torch.Generator(device="cuda").manual_seed(1)
+        s = eng.start_session()
+        pix, times, compiles = [], [], []
+        for _ in range(chunks):
+            lat = torch.randn(shape, generator=g, device="cuda")
+            before = counters["frames"]["ok"]
+            _sync()
+            t0 = time.perf_counter()
+            f = eng.decode_chunk(s, lat)
+            _sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+            compiles.append(counters["frames"]["ok"] - before)
+            pix.append(to_uint8(f).cpu().numpy())
+        eng.end_session(s)
+        return pix, times, compiles
+
+    eager, t_eager, _ = session()
+    eng.compile_decoder(**({} if mode == "default" else {"mode": mode}))
+    t0 = time.perf_counter()
+    comp, t_first, c_first = session()  # compiles here
+    first_session_s = time.perf_counter() - t0
+    comp2, t_comp, c_comp = session()
+    metrics = [pixel_metrics(a, b) for a, b in zip(eager, comp2)]
+    steady = slice(1, None)
+    return {
+        "mode": mode, "tf32_conv": eng.conv_tf32,
+        "gate_pass": all(not pixel_passes(m) for m in metrics),
+        "worst_rmse": max(m["rmse"] for m in metrics), "worst_max_abs": max(m["max_abs"] for m in metrics),
+        "same_as_first_compiled_session": all(np.array_equal(a, b) for a, b in zip(comp, comp2)),
+        "eager_chunk_ms": [round(t, 1) for t in t_eager], "compiled_chunk_ms": [round(t, 1) for t in t_comp],
+        "steady_ratio": round(statistics.median(t_comp[steady]) / statistics.median(t_eager[steady]), 3),
+        "first_compiled_session_s": round(first_session_s, 1),
+        "compiles_first_session": c_first, "compiles_second_session": c_comp,
+    }
+
+
+# ---- DiT: compiled vs eager, H2a ---------------------------------------------------------------
+def _dit_session(eng, chunks: int, seed: int = 5) -> tuple[list[np.ndarray], list[float]]:
+    from harness.engine.conditions import SessionConditions
+
+    s = eng.start_session(SessionConditions(prompt="gpu check", seed=seed))
+    lat, times = [], []
+    for c in range(chunks):
+        _sync()
+        t0 = time.perf_counter()
+        x = eng.generate_chunk(s, ACTIONS[c % len(ACTIONS)])
+        lat.append(x.cpu().numpy())  # synchronises
+        times.append((time.perf_counter() - t0) * 1e3)
+    eng.end_session(s)
+    return lat, times
+
+
+def _gate(a: list[np.ndarray], b: list[np.ndarray]) -> dict:
+    from harness.measure.gates import latent_metrics, latent_passes
+
+    m = [latent_metrics(x, y) for x, y in zip(a, b)]
+    return {"pass": all(not latent_passes(x) for x in m), "worst_rel_l2": max(x["rel_l2"] for x in m),
+            "worst_allclose_excess": max(x["allclose_excess"] for x in m)}
+
+
+def _steady(times: list[float]) -> float:
+    return round(statistics.median(times[5:] or times), 1)
+
+
+def check_dit(chunks: int = 7, compile_mode: str | None = None, h2a: bool = True) -> dict:
+    from harness.engine.dit_engine import DitEngine
+    from harness.engine.groups import RankGroup
+
+    eng = DitEngine(_cfg(), group=RankGroup.single(), device=torch.device("cuda"), seed=0)
+    out = {"attention": eng.attention_description()}
+    eager, t_eager = _dit_session(eng, chunks)
+    out["eager_chunk_ms"] = [round(t) for t in t_eager]
+    if h2a:
+        eng.camera_cache = True
+        cached, t_cached = _dit_session(eng, chunks)
+        eng.camera_cache = False
+        out["h2a_eager"] = {"exact": all(a.tobytes() == b.tobytes() for a, b in zip(eager, cached)),
+                            "chunk_ms": [round(t) for t in t_cached],
+                            "steady_ratio": round(_steady(t_cached) / _steady(t_eager), 3)}
+    eng.mode = "compiled"
+    eng.compile(compile_mode)
+    t0 = time.perf_counter()
+    compiled, t_comp = _dit_session(eng, chunks)
+    out["compiled_first_session_s"] = round(time.perf_counter() - t0, 1)
+    compiled2, t_comp2 = _dit_session(eng, chunks)
+    out["compile_options"] = eng.compile_options
+    out["compiled_chunk_ms"] = [round(t) for t in t_comp2]
+    out["compiled_vs_eager_gate"] = _gate(eager, compiled2)
+    out["compiled_repeat_exact"] = all(a.tobytes() == b.tobytes() for a, b in zip(compiled, compiled2))
+    out["steady_ms"] = {"eager": _steady(t_eager), "compiled": _steady(t_comp2)}
+    out["compiled_speedup"] = round(_steady(t_eager) / _steady(t_comp2), 3)
+    if h2a:
+        eng.camera_cache = True
+        cached_c, t_cc = _dit_session(eng, chunks)
+        eng.camera_cache = False
+        out["h2a_compiled"] = {"exact": all(a.tobytes() == b.tobytes() for a, b in zip(compiled2, cached_c)),
+                               "steady_ratio": round(_steady(t_cc) / _steady(t_comp2), 3)}
+    st = eng.compile_stats()
+    out["compile_stats"] = {k: st[k] for k in ("frames", "graphs", "graph_breaks", "recompiles", "recompile_reasons")}
+    per_chunk = st["compiles_per_chunk"]
+    out["compiles_first_chunk"] = per_chunk[0]
+    out["compiles_after_first_chunk"] = sum(per_chunk[1:])
+    return out
+
+
+# ---- deterministic mode: two launches ----------------------------------------------------------
+def _dit_run(mode: str, chunks: int, save: str) -> None:
+    """One launch (a fresh process): the session's latents to ``save`` (.npz)."""
+    from harness.engine.dit_engine import DitEngine
+    from harness.engine.groups import RankGroup
+
+    eng = DitEngine(_cfg(mode=mode), group=RankGroup.single(), device=torch.device("cuda"), seed=0)
+    lat, times = _dit_session(eng, chunks)
+    np.savez(save, *lat)
+    Path(save + ".json").write_text(json.dumps({"chunk_ms": [round(t) for t in times],
+                                                "stats": eng.compile_stats()}, default=str))
+
+
+def check_determinism(chunks: int = 3) -> dict:
+    import tempfile
+
+    out = {}
+    with tempfile.TemporaryDirectory() as d:
+        for mode in ("deterministic", "eager"):
+            files = []
+            for launch in range(2):
+                f = os.path.join(d, f"{mode}{launch}.npz")
+                env = dict(os.environ)
+                if mode == "deterministic":  # what the worker's process_setup does, before CUDA starts
+                    env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+                subprocess.run([sys.executable, "-m", "harness.experiments.gpu_checks", "dit-run", "--mode", mode,
+                                "--chunks", str(chunks), "--save", f], check=True, env=env)
+                files.append(np.load(f))
+            a, b = files
+            out[mode] = {"launches_bit_identical": all(a[k].tobytes() == b[k].tobytes() for k in a.files),
+                         "chunk_ms": json.loads(Path(os.path.join(d, f"{mode}1.npz.json")).read_text())["chunk_ms"]}
+        det = np.load(os.path.join(d, "deterministic0.npz"))
+        eag = np.load(os.path.join(d, "eager0.npz"))
+        out["deterministic_vs_eager_gate"] = _gate([eag[k] for k in eag.files], [det[k] for k in det.files])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m harness.experiments.gpu_checks")
+    p.add_argument("check", choices=["output", "vae", "dit", "determinism", "dit-run"])
+    p.add_argument("--json", help="also write the report here")
+    p.add_argument("--chunks", type=int)
+    p.add_argument("--compile-mode", help="inductor mode for the compiled DiT/VAE (default: the engine's)")
+    p.add_argument("--no-h2a", action="store_true")
+    p.add_argument("--mode", default="deterministic")
+    p.add_argument("--save")
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_checks needs a CUDA device", file=sys.stderr)
+        return 2
+    if a.check == "dit-run":
+        if a.mode == "deterministic":
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        _dit_run(a.mode, a.chunks or 3, a.save)
+        return 0
+    t0 = time.perf_counter()
+    if a.check == "output":
+        report = check_output()
+    elif a.check == "vae":
+        report = check_vae(a.chunks or 6, a.compile_mode or "default")
+    elif a.check == "dit":
+        report = check_dit(a.chunks or 7, a.compile_mode, h2a=not a.no_h2a)
+    else:
+        report = check_determinism(a.chunks or 3)
+    report = {"check": a.check, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "wall_s": round(time.perf_counter() - t0, 1), **report}
+    text = json.dumps(report, default=str)
+    print(text)
+    if a.json:
+        Path(a.json).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
