@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU measurements for docs/results: engine benchmarks and full-size serves on one or two GPUs.
-# Usage: scripts/gpu_batch.sh OUT_DIR [STEP…]   (steps: bench1 bench2 bench704 served servee servee-shared checks)
+# Usage: scripts/gpu_batch.sh OUT_DIR [STEP…]
+#   steps: bench1 bench2 bench704 served servee servee-shared gputests h4 dit det replay
 # Run directories go to a scratch folder (media and saved outputs are large); the small files
 # (summaries, events, manifests, logs, bench JSON) are packed into OUT_DIR/results.tgz.
 set -uo pipefail
@@ -21,7 +22,11 @@ for s in $STEPS; do
     served)   step serve-480-d $H serve --preset lingbot-480x832 --device cuda --sessions "${SESSIONS:-2}" --scheduler case-d --out "$SCRATCH/serve-480-d" --no-progress ;;
     servee)   step serve-480-e-separate $H serve --preset lingbot-480x832 --device cuda --sessions "${SESSIONS:-2}" --scheduler case-e --dit-gpus 0 --vae-gpus 1 --out "$SCRATCH/serve-480-e-separate" --no-progress ;;
     servee-shared) step serve-480-e-shared $H serve --preset lingbot-480x832 --device cuda --sessions "${SESSIONS:-2}" --scheduler case-e --out "$SCRATCH/serve-480-e-shared" --no-progress ;;
-    checks)   step gpu-checks python3 -m harness.experiments.gpu_checks --json "$SCRATCH/gpu-checks.json" ;;
+    gputests) step gpu-tests python3 -m pytest -q -p no:cacheprovider tests/candidates/test_h4a_fused_output.py tests/candidates/test_h4b_pinned_d2h.py tests/hooks/test_hooks_cuda.py ;;
+    h4)       step h4-output python3 -m harness.experiments.gpu_checks output --json "$SCRATCH/h4-output.json" ;;
+    dit)      step dit-compiled python3 -m harness.experiments.gpu_checks dit --compile-mode "${COMPILE_MODE:-default}" --json "$SCRATCH/dit-compiled.json" ;;
+    det)      step determinism python3 -m harness.experiments.gpu_checks determinism --json "$SCRATCH/determinism.json" ;;
+    replay)   step replay-480 python3 -m harness replay --synthetic lingbot-480x832 --device cuda --sp "${REPLAY_SP:-1,2}" --kv "${REPLAY_KV:-4680,14040,28080}" --repeats 10 --warmup 2 --out "$SCRATCH/replay-480" ;;
     *) echo "unknown step $s" ;;
   esac
 done
