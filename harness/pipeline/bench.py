@@ -2,11 +2,15 @@
 
     python -m harness.pipeline.bench ring   [--height 480 --width 832 --frames 12 --chunks 60 --slots 4]
     python -m harness.pipeline.bench encode [--sizes 480x832,704x1280 --backends pyav,ffmpeg --threads 2]
+    python -m harness.pipeline.bench channel [--height 480 --width 832 --frames 12 --chunks 60 --slots 4 --host 127.0.0.1]
 
 ``ring``: one process writes (T, H, W, 3) uint8 chunks into the ring, another claims and reads
 every byte (a copy out, as an encoder's first pass would), slot refs travel over a typed
 ProcessQueue. ``encode``: FFV1 time per chunk into a null sink, on synthetic frames that look
 like decoded video rather than noise: moving colour gradients plus Gaussian noise (σ = 3).
+``channel``: the Ray launcher's cross-host frame path on one host: a producer process fills its
+own ring, a ``RingSender`` ships each chunk over TCP to a ``RingReceiver`` that fills the
+consumer's ring, the consumer claims and reads every byte (the ``ring`` figures plus the socket).
 """
 
 from __future__ import annotations
@@ -97,6 +101,71 @@ def bench_ring(height: int, width: int, frames: int, chunks: int, slots: int) ->
     }
 
 
+def _channel_producer(prefix: str, slots: int, shape, chunks: int, address, token: str, times: ProcessQueue) -> None:
+    from harness.pipeline.channel import RingSender, connect
+
+    ring = FrameRing.create(prefix + "-tx", slots, int(np.prod(shape)))
+    conn, _ = connect(address, token)
+    sender = RingSender(ring, conn)
+    src = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+    for i in range(chunks):
+        ref = ring.acquire(chunk=i)
+        np.copyto(ring.buffer(ref, shape), src)
+        sender.submit(ring.publish(ref, shape))
+    sender.drain(120)
+    times.put((ring.blocked_ns, sender.send_ns))
+    sender.close()
+    ring.close()
+
+
+def bench_channel(height: int, width: int, frames: int, chunks: int, slots: int, host: str = "127.0.0.1") -> dict:
+    import secrets
+
+    from harness.pipeline.channel import Listener, RingReceiver
+
+    shape = (frames, height, width, 3)
+    nbytes = int(np.prod(shape))
+    ctx = mp.get_context("spawn")
+    prefix = "harness-bench-channel"
+    token = secrets.token_hex(8)
+    ring = FrameRing.create(prefix, slots, nbytes)
+    listener = Listener(host, token)
+    dst = np.empty(shape, np.uint8)
+    try:
+        times = ProcessQueue(1, ctx=ctx)
+        p = ctx.Process(target=_channel_producer, args=(prefix, slots, shape, chunks, listener.address, token, times))
+        p.start()
+        got = None
+        while got is None:
+            got = listener.accept(timeout=60)
+        rx = RingReceiver(ring, got[0])
+        arrive, t_first = [], None
+        for i in range(chunks):
+            ref = rx.take_next(60)
+            assert ref.chunk == i, (ref.chunk, i)
+            t = time.perf_counter_ns()
+            t_first = t_first or t
+            arrive.append(t)
+            view = ring.claim(ref)
+            np.copyto(dst, view)
+            del view
+            ring.release(ref)
+        wall = time.perf_counter_ns() - t_first
+        blocked, send_ns = times.get(timeout=60)
+        p.join(60)
+        rx.close()
+    finally:
+        listener.close()
+        ring.close()
+    gaps = np.diff(arrive)
+    return {
+        "chunk_bytes": nbytes, "chunks": chunks, "slots": slots, "host": host,
+        "end_to_end_GBps": nbytes * (chunks - 1) / wall, "end_to_end_chunks_per_s": (chunks - 1) / wall * 1e9,
+        "ms_per_chunk_median": float(np.median(gaps)) / 1e6, "producer_send_ms_per_chunk": send_ns / chunks / 1e6,
+        "producer_blocked_ms": blocked / 1e6, "leftover": leftover_segments(prefix),
+    }
+
+
 def bench_encode(backend: str, height: int, width: int, threads: int, chunks: int, frames: int = 12) -> dict:
     from harness.pipeline.encoder import make_encoder
     from harness.pipeline.sinks import NullSink
@@ -129,6 +198,13 @@ def main(argv=None) -> None:
     r.add_argument("--frames", type=int, default=12)
     r.add_argument("--chunks", type=int, default=60)
     r.add_argument("--slots", type=int, default=4)
+    c = sub.add_parser("channel")
+    c.add_argument("--height", type=int, default=480)
+    c.add_argument("--width", type=int, default=832)
+    c.add_argument("--frames", type=int, default=12)
+    c.add_argument("--chunks", type=int, default=60)
+    c.add_argument("--slots", type=int, default=4)
+    c.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
     e = sub.add_parser("encode")
     e.add_argument("--sizes", default="480x832,704x1280")
     e.add_argument("--backends", default="pyav,ffmpeg")
@@ -137,6 +213,8 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     if a.what == "ring":
         print(msgspec.json.encode(bench_ring(a.height, a.width, a.frames, a.chunks, a.slots)).decode())
+    elif a.what == "channel":
+        print(msgspec.json.encode(bench_channel(a.height, a.width, a.frames, a.chunks, a.slots, a.host)).decode())
     else:
         for size in a.sizes.split(","):
             h, w = map(int, size.split("x"))
