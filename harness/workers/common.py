@@ -12,6 +12,8 @@ import ctypes
 import os
 import signal
 import time
+import traceback
+from contextlib import contextmanager
 from typing import Literal
 
 import msgspec
@@ -161,3 +163,21 @@ def write_hook_report(spec: WorkerSpec, hooks) -> None:
 
     path = Path(spec.run_dir) / f"hooks.{spec.role}{spec.rank}.json"
     path.write_text(json.dumps(hooks.report(), indent=1))
+
+
+@contextmanager
+def reported_errors(role: str, rank: int, conn):
+    """Any failure inside becomes a WorkerError to the driver and exit status 1; a driver that went
+    away (EOF on the pipe, or Ctrl-C reaching the group) ends the process quietly."""
+    from harness.pipeline import messages as M
+
+    try:
+        yield
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass
+    except BaseException as e:
+        try:
+            M.send(conn, M.WorkerError(role=role, rank=rank, message=f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        except Exception:
+            pass
+        raise SystemExit(1)

@@ -7,7 +7,6 @@ stamped on rank 0 around the chunk's five forwards, ``dit_end`` after the device
 
 from __future__ import annotations
 
-import traceback
 
 import numpy as np
 import torch
@@ -17,22 +16,15 @@ from harness.hooks import context as hctx
 from harness.pipeline import messages as M
 from harness.workers.common import (
     GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, now, process_setup,
-    shutdown_groups, synchronize, write_hook_report,
+    reported_errors, shutdown_groups, synchronize, write_hook_report,
 )
 
 
 def main(spec: WorkerSpec, conn) -> None:
     process_setup(spec)
     try:
-        _serve(spec, conn)
-    except (EOFError, BrokenPipeError, KeyboardInterrupt):
-        pass  # the driver went away; nothing to report to
-    except BaseException as e:
-        try:
-            M.send(conn, M.WorkerError(role="dit", rank=spec.rank, message=f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-        except Exception:
-            pass
-        raise SystemExit(1)
+        with reported_errors("dit", spec.rank, conn):
+            _serve(spec, conn)
     finally:
         shutdown_groups()
 

@@ -9,7 +9,6 @@ prove every frame arrived exactly once and in order.
 from __future__ import annotations
 
 import hashlib
-import traceback
 from pathlib import Path
 
 import msgspec
@@ -17,33 +16,26 @@ import numpy as np
 
 from harness.hooks import context as hctx
 from harness.pipeline import messages as M
-from harness.workers.common import WorkerSpec, now, process_setup
+from harness.workers.common import WorkerSpec, now, process_setup, reported_errors
 
 
 def main(spec: WorkerSpec, conn) -> None:
     process_setup(spec)
     ring = None
     try:
-        from harness.pipeline.ring import FrameRing, RingSpec
+        with reported_errors("encoder", 0, conn):
+            from harness.pipeline.ring import FrameRing, RingSpec
 
-        ring = FrameRing.attach(msgspec.convert(spec.ring, RingSpec))
-        from harness.hooks import activate
-        from harness.workers.common import write_hook_report
+            ring = FrameRing.attach(msgspec.convert(spec.ring, RingSpec))
+            from harness.hooks import activate
+            from harness.workers.common import write_hook_report
 
-        hooks = activate(spec.hooks, out_dir=spec.run_dir, label="encoder")
-        try:
-            with hooks:
-                _serve(spec, conn, ring)
-        finally:
-            write_hook_report(spec, hooks)  # after exit: the recorder's totals exist only then
-    except (EOFError, BrokenPipeError, KeyboardInterrupt):
-        pass
-    except BaseException as e:
-        try:
-            M.send(conn, M.WorkerError(role="encoder", rank=0, message=f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-        except Exception:
-            pass
-        raise SystemExit(1)
+            hooks = activate(spec.hooks, out_dir=spec.run_dir, label="encoder")
+            try:
+                with hooks:
+                    _serve(spec, conn, ring)
+            finally:
+                write_hook_report(spec, hooks)  # after exit: the recorder's totals exist only then
     finally:
         if ring is not None:
             ring.close()

@@ -7,7 +7,6 @@ backpressure signal, recorded) → copy into the slot (``cpu_ready``) → slot m
 
 from __future__ import annotations
 
-import traceback
 
 import torch
 
@@ -16,7 +15,7 @@ from harness.hooks import context as hctx
 from harness.pipeline import messages as M
 from harness.workers.common import (
     GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, now, process_setup,
-    shutdown_groups, synchronize, write_hook_report,
+    reported_errors, shutdown_groups, synchronize, write_hook_report,
 )
 
 
@@ -24,16 +23,9 @@ def main(spec: WorkerSpec, conn) -> None:
     process_setup(spec)
     ring = None
     try:
-        ring = _attach_ring(spec)
-        _serve(spec, conn, ring)
-    except (EOFError, BrokenPipeError, KeyboardInterrupt):
-        pass
-    except BaseException as e:
-        try:
-            M.send(conn, M.WorkerError(role="vae", rank=spec.rank, message=f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
-        except Exception:
-            pass
-        raise SystemExit(1)
+        with reported_errors("vae", spec.rank, conn):
+            ring = _attach_ring(spec)
+            _serve(spec, conn, ring)
     finally:
         if ring is not None:
             ring.close()
