@@ -471,7 +471,7 @@ def _fair_cpus(total: float, actors: int) -> float:
 
 
 def _wait_local_pids_gone(procs: list[ActorProc], timeout: float) -> None:
-    from harness.drivers.serve import wait_gone
+    from harness.drivers.procwatch import wait_gone
     from harness.pipeline.channel import host_id
 
     me = host_id()

@@ -229,22 +229,3 @@ def explain_failure(launcher: LocalLauncher, err: BaseException) -> BaseExceptio
     then = str(err).splitlines()[0] if str(err) else type(err).__name__
     return RankFailed(f"{p.name} (pid {p.process.pid}) died: killed by signal {-p.process.exitcode}; "
                       f"then {then[:160]}")
-
-
-def wait_gone(pids: list[int], timeout_s: float = 10.0) -> list[int]:
-    """PIDs still alive after ``timeout_s`` (zombies count as gone)."""
-    deadline = time.monotonic() + timeout_s
-    alive = list(pids)
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in alive if _alive(p)]
-        if alive:
-            time.sleep(0.05)
-    return alive
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False

@@ -255,7 +255,7 @@ class Topology:
 
 def leak_checks(report: Report, pids: list[int], ring_prefix: str | None) -> None:
     """After a topology is gone: every worker reaped, every ring segment unlinked."""
-    from harness.experiments.procwatch import wait_gone
+    from harness.drivers.procwatch import wait_gone
     from harness.pipeline.ring import leftover_segments
 
     left = wait_gone(pids, 10.0)
@@ -310,13 +310,13 @@ class ServerProcess:
         return self.stderr_path.read_text(errors="replace")
 
     def workers(self) -> list[int]:
-        from harness.experiments.procwatch import workers_of
+        from harness.drivers.procwatch import workers_of
 
         return workers_of(self.pid, recursive=True)
 
     def encoder_pid(self) -> int:
         """The launcher starts the encoder stage last."""
-        from harness.experiments.procwatch import start_time
+        from harness.drivers.procwatch import start_time
 
         return max(self.workers(), key=lambda p: (start_time(p), p))
 
@@ -477,7 +477,7 @@ def _slow_rows(report: Report, sessions: list[dict]) -> None:
 
 
 def slow_consumer_inprocess(bench: Bench, p: Params) -> Report:
-    from harness.experiments.procwatch import RssSampler
+    from harness.drivers.procwatch import RssSampler
 
     report = Report("slow-consumer", "inprocess")
     t0 = time.monotonic()
@@ -513,7 +513,7 @@ def slow_consumer_inprocess(bench: Bench, p: Params) -> Report:
 
 def slow_consumer_ws(url: str, p: Params, server: ServerProcess | None = None, preset: str | None = None) -> Report:
     from harness.client import ViewerOptions, run_session, status
-    from harness.experiments.procwatch import RssSampler
+    from harness.drivers.procwatch import RssSampler
     from harness.measure.events import read_events
 
     report = Report("slow-consumer", "websocket")
@@ -923,7 +923,7 @@ def crash_inprocess(cfg, p: Params, out_root: Path) -> Report:
     from harness.config import override
     from harness.drivers.launcher import RankFailed
     from harness.drivers.serve import ServeOptions, serve
-    from harness.experiments.procwatch import DeathWatch, shm_names, wait_gone
+    from harness.drivers.procwatch import DeathWatch, shm_names, wait_gone
 
     report = Report("crash", "inprocess")
     t0 = time.monotonic()
@@ -979,7 +979,7 @@ def crash_inprocess(cfg, p: Params, out_root: Path) -> Report:
 
 def crash_ws(serve_args: list[str], p: Params, out_root: Path) -> Report:
     from harness.client import ViewerOptions, run_session
-    from harness.experiments.procwatch import DeathWatch, shm_names, wait_gone
+    from harness.drivers.procwatch import DeathWatch, shm_names, wait_gone
 
     report = Report("crash", "websocket")
     t0 = time.monotonic()
@@ -1240,7 +1240,7 @@ def bad_input_nan(cfg, out: Path) -> tuple[list[list], list[str]]:
 
     from harness.drivers.launcher import RankFailed
     from harness.drivers.serve import ServeOptions, serve
-    from harness.experiments.procwatch import DeathWatch, shm_names, wait_gone
+    from harness.drivers.procwatch import DeathWatch, shm_names, wait_gone
     from harness.pipeline import messages as M
 
     def runner(ctx) -> None:
@@ -1494,7 +1494,7 @@ def _dispatch(args, cfg, p: Params, out_root: Path) -> Report:
             workers = server.workers()
             rc = server.stop()
     if server is not None:
-        from harness.experiments.procwatch import shm_names, wait_gone
+        from harness.drivers.procwatch import shm_names, wait_gone
 
         left = wait_gone(workers, 10.0)
         shm = sorted(shm_names(f"harness-{server.pid}-"))

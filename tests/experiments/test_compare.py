@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from harness.cli import main
-from harness.drivers.serve import wait_gone
+from harness.drivers.procwatch import wait_gone
 from harness.experiments import compare as C
 
 

@@ -30,7 +30,8 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'harn
 from harness.config import load_preset, override  # noqa: E402
 from harness.drivers.launcher import RankFailed  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
-from harness.drivers.serve import ServeOptions, serve, wait_gone  # noqa: E402
+from harness.drivers.procwatch import alive, wait_gone  # noqa: E402
+from harness.drivers.serve import ServeOptions, serve  # noqa: E402
 from harness.measure.events import BOUNDARIES, read_events, validate_events  # noqa: E402
 from harness.measure.gates import gate  # noqa: E402
 from harness.pipeline.decode import decode_pyav  # noqa: E402
@@ -138,7 +139,7 @@ def test_a_killed_actor_is_named_within_bounds_and_nothing_is_left(ray_cluster, 
 
         def watch():  # the moment the first actor process disappears
             while not stop.is_set() and "death" not in seen:
-                if any(not _alive(p) for p in pids):
+                if any(not alive(p) for p in pids):
                     seen["death"] = time.monotonic()
                 time.sleep(0.005)
 
@@ -152,7 +153,7 @@ def test_a_killed_actor_is_named_within_bounds_and_nothing_is_left(ray_cluster, 
         finally:
             stop.set()
             th.join()
-            if "death" not in seen and any(not _alive(p) for p in pids):
+            if "death" not in seen and any(not alive(p) for p in pids):
                 seen["death"] = seen.get("raised")  # the driver was faster than this 5 ms watcher
 
     t0 = time.monotonic()
@@ -218,14 +219,6 @@ def _resources_back(timeout: float = 15.0) -> bool:
 
 def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _descendants(root: int) -> list[int]:

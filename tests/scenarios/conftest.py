@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.experiments.procwatch import alive, descendants, is_worker
+from harness.drivers.procwatch import alive, descendants, is_worker
 
 
 def workers() -> set[int]:

@@ -15,7 +15,7 @@ import pytest
 
 from harness.client import status
 from harness.experiments import scenarios as S
-from harness.experiments.procwatch import shm_names, wait_gone
+from harness.drivers.procwatch import shm_names, wait_gone
 from harness.measure.events import read_events, read_sessions, validate_events
 
 SERVE_ARGS = ["--preset", "tiny", "--ring-slots", "1", "--window", "1"]

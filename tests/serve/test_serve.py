@@ -20,7 +20,8 @@ import pytest
 
 from harness.config import load_preset, override
 from harness.drivers.launcher import RankFailed
-from harness.drivers.serve import ServeOptions, serve, wait_gone
+from harness.drivers.procwatch import children, is_worker, wait_gone
+from harness.drivers.serve import ServeOptions, serve
 from harness.measure.events import BOUNDARIES, read_events, validate_events
 from harness.measure.gates import gate
 from harness.pipeline.decode import decode_ffmpeg, decode_pyav
@@ -136,7 +137,7 @@ def test_worker_error_reaps_everything_and_keeps_the_run_directory(tmp_path):
     assert man["status"] == "failed" and "vae rank 1" in man["error"]
     events = read_events(tmp_path / "events.jsonl")
     assert len(events) >= 1 and validate_events(events) == []
-    pids = [p for p in _children_of(os.getpid()) if _is_harness_worker(p)]
+    pids = [p for p in children(os.getpid()) if is_worker(p)]
     assert wait_gone(pids) == []
     assert not list(Path("/dev/shm").glob(f"harness-{os.getpid()}-*"))
 
@@ -156,15 +157,15 @@ def test_ctrl_c_reaps_every_process_and_segment(tmp_path):
             time.sleep(0.2)
         else:
             pytest.fail("serve produced no events in time")
-        children = _children_of(proc.pid)
-        assert len(children) >= 5  # 2 DiT + 2 VAE + encoder
+        workers = children(proc.pid)
+        assert len(workers) >= 5  # 2 DiT + 2 VAE + encoder
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0
-    assert wait_gone(children) == []
+    assert wait_gone(workers) == []
     assert not list(Path("/dev/shm").glob(f"harness-{proc.pid}-*"))
     man = json.loads((tmp_path / "manifest.json").read_text())
     assert man["status"] == "interrupted"
@@ -181,26 +182,6 @@ def test_ring_and_queue_bounds_hold_under_a_throttled_sink(tmp_path):
     assert sum(e.blocked_ns.get("ring", 0) for e in events) > 0  # the producer really was held back
     assert sum(e.frames for e in events) == 117
     assert leftover_segments(res.ring_prefix) == []
-
-
-def _children_of(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().split(")")[-1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if ppid == pid:
-                out.append(int(d.name))
-    return out
-
-
-def _is_harness_worker(pid: int) -> bool:
-    try:
-        return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()  # not the resource tracker
-    except OSError:
-        return False
 
 
 def test_outputs_with_every_hook_on_are_byte_identical(runs):
