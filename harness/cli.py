@@ -44,6 +44,8 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ring-slots", type=int)
     g.add_argument("--dit-gpus", type=_gpu_list, help="GPU index per DiT rank, e.g. 0,1 (default: rank r on GPU r)")
     g.add_argument("--vae-gpus", type=_gpu_list, help="GPU index per VAE rank, e.g. 2,3 for separate placement")
+    g.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override one config field (repeatable), e.g. model.num_layers=4")
     g.add_argument("--out", help="run directory (default runs/<run_id>)")
     g.add_argument("--no-progress", action="store_true")
 
@@ -56,9 +58,10 @@ def _gpu_list(text: str) -> tuple[int, ...]:
 
 
 def resolve_config(args: argparse.Namespace):
-    from harness.config import load_config, load_preset, override
+    from harness.config import apply_sets, load_config, load_preset, override
 
     cfg = load_config(args.config) if args.config else load_preset(args.preset or "tiny")
+    cfg = apply_sets(cfg, getattr(args, "set", None) or [])
     for name in ("sessions", "chunks", "sp", "vae_ranks", "ring_slots"):
         v = getattr(args, name, None)
         if v is not None and v < 1:
@@ -185,7 +188,11 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--sp", type=int)
     be.add_argument("--vae-ranks", type=int)
     be.add_argument("--device", choices=["cpu", "cuda"])
-    be.add_argument("--chunks", type=int, default=None, help="chunks to run (default: until the window saturates + 2)")
+    be.add_argument("--mode", choices=["eager", "compiled", "deterministic"],
+                    help="DiT execution mode; compiled modes run one unmeasured warm-up session first")
+    be.add_argument("--chunks", type=int, default=None, help="chunks per DiT session (default: the preset's session length)")
+    be.add_argument("--sessions", type=int, default=1, help="measured DiT sessions; memory is sampled after each (default 1)")
+    be.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override one config field (repeatable)")
     be.add_argument("--peak-tflops", type=float, default=None, help="bf16 dense peak for MFU (default: measured on GPU)")
     be.add_argument("--flops-only", action="store_true", help="count FLOPs on the meta device and print one JSON line")
     be.add_argument("--json", help="also write the result to this JSON file")

@@ -246,5 +246,31 @@ def override(cfg: HarnessConfig, **sections: dict) -> HarnessConfig:
     return validate(msgspec.structs.replace(cfg, **changes))
 
 
+def apply_sets(cfg: HarnessConfig, sets: list[str] | tuple[str, ...]) -> HarnessConfig:
+    """``--set section.field=value`` overrides (value as a TOML literal, else a bare string),
+    e.g. ``model.num_layers=4`` for a full-width, shallow model in a quick GPU check. The result
+    is decoded and validated like a config file, so a wrong type is refused with one line."""
+    import tomllib
+
+    if not sets:
+        return cfg
+    d = to_dict(cfg)
+    for item in sets:
+        key, eq, text = item.partition("=")
+        section, dot, name = key.strip().partition(".")
+        if not eq or not dot or not name:
+            raise ConfigError(f"--set expects SECTION.FIELD=VALUE, got {item!r}")
+        if not isinstance(d.get(section), dict) or name not in d[section]:
+            raise ConfigError(f"--set {item!r}: the config has no field {section}.{name}")
+        try:
+            d[section][name] = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            d[section][name] = text.strip()
+    try:
+        return validate(msgspec.convert(d, HarnessConfig))
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"--set: {e}") from None
+
+
 def to_dict(cfg: HarnessConfig) -> dict:
     return msgspec.to_builtins(cfg)

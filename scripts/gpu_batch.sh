@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU measurements for docs/results: engine benchmarks and full-size serves on one or two GPUs.
 # Usage: scripts/gpu_batch.sh OUT_DIR [STEP…]
-#   steps: bench1 bench2 bench704 served servee servee-shared gputests h4 dit det replay
+#   steps: probe bench1 bench1c bench2 bench704 bench704c mem served servee servee-shared gputests h4 dit det replay
 # Run directories go to a scratch folder (media and saved outputs are large); the small files
 # (summaries, events, manifests, logs, bench JSON) are packed into OUT_DIR/results.tgz.
 set -uo pipefail
@@ -16,6 +16,10 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torc
 step() { local name=$1; shift; echo "=== $name: $*"; local t0=$SECONDS; timeout "${STEP_TIMEOUT:-420}" "$@" > "$SCRATCH/$name.log" 2>&1; echo "rc=$? ${name} $((SECONDS-t0))s" | tee -a "$SCRATCH/steps.txt"; tail -n 12 "$SCRATCH/$name.log"; }
 for s in $STEPS; do
   case $s in
+    probe)    step probe python3 -c "import torch, torch._inductor.config as c; print(torch.__version__, {k: getattr(c, k, 'absent') for k in ('emulate_precision_casts', 'keep_addmm_fused_for_half_dtypes', 'deterministic', 'pattern_matcher')})" ;;
+    bench1c)  step bench-480-sp1-compiled $H bench-engine --preset lingbot-480x832 --device cuda --mode "${MODE:-compiled}" --json "$SCRATCH/bench-480-sp1-compiled.json" ;;
+    bench704c) step bench-704-sp1-compiled $H bench-engine --preset lingbot-704x1280 --device cuda --mode "${MODE:-compiled}" --json "$SCRATCH/bench-704-sp1-compiled.json" ;;
+    mem)      step memory-50-sessions $H bench-engine --preset lingbot-480x832 --device cuda --mode "${MODE:-compiled}" --set model.num_layers=4 --sessions 50 --chunks 7 --json "$SCRATCH/memory-50-sessions.json" ;;
     bench1)   step bench-480-sp1 $H bench-engine --preset lingbot-480x832 --device cuda --json "$SCRATCH/bench-480-sp1.json" ;;
     bench2)   step bench-480-sp2 $H bench-engine --preset lingbot-480x832 --device cuda --sp 2 --vae-ranks 2 --json "$SCRATCH/bench-480-sp2.json" ;;
     bench704) step bench-704-sp1 $H bench-engine --preset lingbot-704x1280 --device cuda --json "$SCRATCH/bench-704-sp1.json" ;;
@@ -24,7 +28,7 @@ for s in $STEPS; do
     servee-shared) step serve-480-e-shared $H serve --preset lingbot-480x832 --device cuda --sessions "${SESSIONS:-2}" --scheduler case-e --out "$SCRATCH/serve-480-e-shared" --no-progress ;;
     gputests) step gpu-tests python3 -m pytest -q -p no:cacheprovider tests/candidates/test_h4a_fused_output.py tests/candidates/test_h4b_pinned_d2h.py tests/hooks/test_hooks_cuda.py ;;
     h4)       step h4-output python3 -m harness.experiments.gpu_checks output --json "$SCRATCH/h4-output.json" ;;
-    dit)      step dit-compiled python3 -m harness.experiments.gpu_checks dit --compile-mode "${COMPILE_MODE:-default}" --json "$SCRATCH/dit-compiled.json" ;;
+    dit)      step dit-compiled python3 -m harness.experiments.gpu_checks dit --variants "${VARIANTS:-engine}" --json "$SCRATCH/dit-compiled.json" ;;
     det)      step determinism python3 -m harness.experiments.gpu_checks determinism --json "$SCRATCH/determinism.json" ;;
     replay)   step replay-480 python3 -m harness replay --synthetic lingbot-480x832 --device cuda --sp "${REPLAY_SP:-1,2}" --kv "${REPLAY_KV:-4680,14040,28080}" --repeats 10 --warmup 2 --out "$SCRATCH/replay-480" ;;
     *) echo "unknown step $s" ;;

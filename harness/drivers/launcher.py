@@ -21,6 +21,10 @@ from harness.pipeline import messages as M
 from harness.workers.common import WorkerSpec, needs_world
 
 
+#: how long a WorkerError waits for the death of another rank that may have caused it
+DEATH_WAIT_S = 0.5
+
+
 class RankFailed(HarnessError):
     """A worker rank died or reported an error."""
 
@@ -145,7 +149,7 @@ class LocalLauncher:
                 except (EOFError, OSError):
                     raise self._death(p) from None
                 if isinstance(msg, M.WorkerError):
-                    raise RankFailed(f"{p.name} failed: {msg.message.splitlines()[0]}")
+                    raise self._failure(p, msg)
                 out.append((p, msg))
         if not out:
             for obj in ready:
@@ -165,6 +169,43 @@ class LocalLauncher:
                 if p is proc:
                     return msg
                 raise RankFailed(f"unexpected {type(msg).__name__} from {p.name}")
+
+    def _failure(self, proc: Proc, msg: M.WorkerError) -> RankFailed:
+        """The error for ``proc``'s WorkerError, or for the rank whose death caused it.
+
+        A rank killed mid-collective takes its peers down with it, and a peer's "connection
+        reset" can be read before the dead rank's sentinel (conns are looked at first, and in
+        rank order): the user must be told which rank died, not which one noticed. The death is
+        normally visible already; the short wait covers a process still being torn down."""
+        report = f"{proc.name} failed: {msg.message.splitlines()[0]}"
+        others = {p.process.sentinel: p for p in self.procs if p is not proc}
+        deadline = time.monotonic() + DEATH_WAIT_S
+        while others:
+            gone = wait(list(others), timeout=max(0.0, deadline - time.monotonic()))
+            if not gone:
+                break
+            for sentinel in gone:
+                p = others.pop(sentinel)
+                if self._unreported_death(p):
+                    return RankFailed(f"{self._death(p)}; then {report[:160]}")
+        return RankFailed(report)
+
+    def _unreported_death(self, proc: Proc) -> bool:
+        """Killed by a signal, or exited non-zero without a WorkerError. A rank that reported its
+        own error exits 1 too, but it is a peer that noticed (or a second failure), not the cause."""
+        proc.process.join(timeout=1)  # the sentinel can be ready a moment before the exit status
+        code = proc.process.exitcode
+        if code is None or code == 0:
+            return False
+        if code < 0:  # killed by a signal
+            return True
+        try:
+            while proc.conn.poll():
+                if isinstance(M.recv(proc.conn), M.WorkerError):
+                    return False
+        except (EOFError, OSError):
+            pass
+        return True
 
     def _death(self, proc: Proc) -> RankFailed:
         proc.process.join(timeout=1)

@@ -205,27 +205,8 @@ def _progress(cfg: HarnessConfig, enabled: bool):
     return tqdm(total=cfg.runtime.sessions * cfg.video.chunks_per_session, unit="chunk", desc="serve", leave=False)
 
 
-def explain_failure(launcher: LocalLauncher, err: BaseException) -> BaseException:
-    """The error to report for a failed run: the dead rank, when one was killed.
-
-    A rank that dies takes its collective peers down with it, and when the driver was busy (not
-    waiting in ``poll``) a peer's "connection reset" WorkerError can reach it before the dead
-    rank's sentinel is looked at; the user must be told which rank died, not which one noticed.
-    (This belongs in ``LocalLauncher.poll``: look at sentinels before raising a WorkerError.)"""
-    from multiprocessing.connection import wait
-
-    from harness.drivers.launcher import RankFailed
-
-    if hasattr(launcher, "explain_failure"):  # a launcher without process sentinels (Ray) knows its own dead
-        return launcher.explain_failure(err)
-    if not isinstance(err, RankFailed) or " died: " in str(err).split(";")[0]:
-        return err
-    procs = [p for p in launcher.procs if p.process.pid is not None]
-    wait([p.process.sentinel for p in procs], timeout=0.2)  # a death that caused this error is already visible
-    dead = [p for p in procs if p.process.exitcode is not None and p.process.exitcode < 0]
-    if not dead:
-        return err
-    p = dead[0]
-    then = str(err).splitlines()[0] if str(err) else type(err).__name__
-    return RankFailed(f"{p.name} (pid {p.process.pid}) died: killed by signal {-p.process.exitcode}; "
-                      f"then {then[:160]}")
+def explain_failure(launcher, err: BaseException) -> BaseException:
+    """The error to report for a failed run. The local launcher names a rank that died in ``poll``
+    itself; a Ray launcher has no process sentinels and re-checks its actors afterwards."""
+    explain = getattr(launcher, "explain_failure", None)
+    return err if explain is None else explain(err)

@@ -11,9 +11,13 @@ Module and parameter names are the checkpoint's (DESIGN §2), so real weights lo
 * modulation comes from one timestep per latent frame and is broadcast over that frame's tokens;
 * the text K/V of cross-attention are computed once per session (``text_kv``) and head-sliced.
 
-Numerics: parameters and activations are in the runtime dtype (bf16 on GPU, fp32 for the tiny CPU
-preset); norms reduce in fp32 inside their kernels, RoPE rotates in fp32, and the velocity leaves
-the model in fp32 for the scheduler.
+Numerics follow Wan's: parameters and GEMM inputs/outputs are in the runtime dtype (bf16 on GPU,
+fp32 for the tiny CPU preset), but the residual stream, every norm, the modulation, RoPE and the
+gated residual adds are fp32, rounded to the runtime dtype only where a GEMM or an attention
+kernel reads them. Besides matching the reference model, this is what lets the compiled mode pass
+the threshold gate against eager: a bf16 rounding between two elementwise ops is exactly what
+inductor's fusion removes, so eager must not have one there either. The velocity leaves the model
+in fp32 for the scheduler.
 """
 
 from __future__ import annotations
@@ -64,7 +68,8 @@ class TokenLayout:
         self.segments = tuple(segs)
 
     def modulate(self, x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
-        """x·(1 + scale[f]) + shift[f] for each token's frame f; shift/scale (frames, dim)."""
+        """x·(1 + scale[f]) + shift[f] for each token's frame f; shift/scale (frames, dim), in
+        their common dtype (fp32 in the blocks)."""
         if self.aligned:
             f0, k = self.start // self.tpf, self.n // self.tpf
             out = torch.addcmul(shift[f0 : f0 + k, None], x.view(k, self.tpf, -1), 1 + scale[f0 : f0 + k, None])
@@ -74,15 +79,17 @@ class TokenLayout:
             torch.addcmul(shift[f], x[a:b], 1 + scale[f], out=out[a:b])
         return out
 
-    def gated_add_(self, x: Tensor, y: Tensor, gate: Tensor) -> Tensor:
-        """x += y·gate[f] in place."""
+    def gated_add(self, x: Tensor, y: Tensor, gate: Tensor) -> Tensor:
+        """x + y·gate[f] in x's dtype (the fp32 residual stream; y may be bf16). A new tensor, not
+        an in-place add: a CUDA graph must not mutate its inputs, and x is one."""
         if self.aligned:
             f0, k = self.start // self.tpf, self.n // self.tpf
-            x.view(k, self.tpf, -1).addcmul_(y.view(k, self.tpf, -1), gate[f0 : f0 + k, None])
-            return x
+            out = torch.addcmul(x.view(k, self.tpf, -1), y.view(k, self.tpf, -1), gate[f0 : f0 + k, None])
+            return out.view(self.n, -1)
+        out = x.clone()
         for f, a, b in self.segments:
-            x[a:b].addcmul_(y[a:b], gate[f])
-        return x
+            out[a:b].addcmul_(y[a:b], gate[f])
+        return out
 
 
 def rope_dims(head_dim: int) -> tuple[int, int, int]:
@@ -130,12 +137,13 @@ class RopeTables:
         return torch.complex(cos, sin).unsqueeze(1)
 
 
-def apply_rope(x: Tensor, rot: Tensor) -> Tensor:
+def apply_rope(x: Tensor, rot: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     """Rotate consecutive channel pairs (Wan's complex layout) of x (n, H, D) in fp32: one complex
-    multiply instead of the 6 real ops and a stack (RoPE was ~8 % of a 480×832 chunk that way)."""
+    multiply instead of the 6 real ops and a stack (RoPE was ~8 % of a 480×832 chunk that way).
+    Returns ``dtype`` (default: x's)."""
     n, h, d = x.shape
     xc = torch.view_as_complex(x.float().reshape(n, h, d // 2, 2))
-    return torch.view_as_real(xc * rot).flatten(2).to(x.dtype)
+    return torch.view_as_real(xc * rot).flatten(2).to(dtype or x.dtype)
 
 
 def sinusoidal(timesteps: list[float] | Tensor, dim: int) -> Tensor:
@@ -166,13 +174,21 @@ class ForwardContext:
 
 # ---- modules -------------------------------------------------------------------------------------
 class RMSNorm(nn.Module):
+    """Returns fp32: its callers rotate (RoPE) or round it themselves."""
+
     def __init__(self, dim: int, eps: float, dtype: torch.dtype):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps)
+
+
+def layer_norm32(x: Tensor, eps: float, norm: nn.LayerNorm | None = None) -> Tensor:
+    """LayerNorm of the fp32 residual stream in fp32, with ``norm``'s affine parameters if given."""
+    w, b = (None, None) if norm is None else (norm.weight.float(), norm.bias.float())
+    return F.layer_norm(x, (x.shape[-1],), w, b, eps)
 
 
 class SelfAttention(nn.Module):
@@ -207,8 +223,8 @@ class SelfAttention(nn.Module):
             raise HarnessError("fused QKV is stale: call model.fuse_qkv_() after moving or casting the model")
         n, h, d = x.shape[0], self.heads, self.head_dim
         q, k, v = F.linear(x, w, self._qkv_b).split(self.dim, dim=-1)
-        q = apply_rope(self.norm_q(q).view(n, h, d), ctx.rope)
-        k = apply_rope(self.norm_k(k).view(n, h, d), ctx.rope)
+        q = apply_rope(self.norm_q(q).view(n, h, d), ctx.rope, x.dtype)
+        k = apply_rope(self.norm_k(k).view(n, h, d), ctx.rope, x.dtype)
         return self.o(attend_cache(self, q, k, v.view(n, h, d), ctx).reshape(n, self.dim))
 
 
@@ -228,13 +244,13 @@ class CrossAttention(nn.Module):
         """K/V of the embedded text (L, dim) for heads [h0, h1): (1, h1−h0, L, D) views, once per session.
         norm_k spans all heads, so K is normalised before slicing."""
         n, h, d = context.shape[0], self.heads, self.head_dim
-        k = self.norm_k(self.k(context)).view(n, h, d)[:, heads[0] : heads[1]].contiguous()
+        k = self.norm_k(self.k(context)).to(context.dtype).view(n, h, d)[:, heads[0] : heads[1]].contiguous()
         v = self.v(context).view(n, h, d)[:, heads[0] : heads[1]].contiguous()
         return k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
 
     def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
         n = x.shape[0]
-        q = self.norm_q(self.q(x)).view(n, self.heads, self.head_dim)
+        q = self.norm_q(self.q(x)).to(x.dtype).view(n, self.heads, self.head_dim)
         return self.o(attend_text(self, q, ctx).reshape(n, self.dim))
 
 
@@ -284,8 +300,6 @@ class Block(nn.Module):
         self.cam_scale_layer = nn.Linear(dim, dim, dtype=dtype)
         self.cam_shift_layer = nn.Linear(dim, dim, dtype=dtype)
 
-    def _norm(self, x: Tensor) -> Tensor:  # norm1/norm2: LayerNorm without affine
-        return F.layer_norm(x, (x.shape[-1],), eps=self.eps)
 
     def camera(self, c: Tensor) -> tuple[Tensor, Tensor]:
         """Per-token (scale, shift) from the camera state. Its input is the same in all 5 forwards
@@ -295,16 +309,18 @@ class Block(nn.Module):
         return self.cam_scale_layer(h), self.cam_shift_layer(h)
 
     def forward(self, x: Tensor, e0: Tensor, cam: tuple[Tensor, Tensor], ctx: ForwardContext) -> Tensor:
-        """``cam``: this block's ``camera(c)``."""
-        lay = ctx.layout
-        shift_msa, scale_msa, gate_msa, shift_ffn, scale_ffn, gate_ffn = (self.modulation + e0).unbind(1)
-        y = self.self_attn(lay.modulate(self._norm(x), shift_msa, scale_msa), ctx)
-        x = lay.gated_add_(x, y, gate_msa)
+        """x: the fp32 residual stream (n_local, dim); e0 (frames, 6, dim) fp32; ``cam``: this
+        block's ``camera(c)``. norm1/norm2 are LayerNorms without affine parameters."""
+        lay, dt = ctx.layout, self.modulation.dtype
+        mod = (self.modulation.float() + e0).unbind(1)
+        shift_msa, scale_msa, gate_msa, shift_ffn, scale_ffn, gate_ffn = mod
+        y = self.self_attn(lay.modulate(layer_norm32(x, self.eps), shift_msa, scale_msa).to(dt), ctx)
+        x = lay.gated_add(x, y, gate_msa)
         cam_scale, cam_shift = cam
-        x = torch.addcmul(cam_shift, x, 1 + cam_scale)
-        x = x + self.cross_attn(self.norm3(x), ctx)
-        y = self.ffn(lay.modulate(self._norm(x), shift_ffn, scale_ffn))
-        return lay.gated_add_(x, y, gate_ffn)
+        x = torch.addcmul(cam_shift.float(), x, cam_scale.float() + 1)
+        x = x + self.cross_attn(layer_norm32(x, self.eps, self.norm3).to(dt), ctx)
+        y = self.ffn(lay.modulate(layer_norm32(x, self.eps), shift_ffn, scale_ffn).to(dt))
+        return lay.gated_add(x, y, gate_ffn)
 
 
 class Head(nn.Module):
@@ -315,8 +331,10 @@ class Head(nn.Module):
         self.modulation = nn.Parameter(torch.zeros(1, 2, m.dim, dtype=dtype))
 
     def forward(self, x: Tensor, e: Tensor, layout: TokenLayout) -> Tensor:
-        shift, scale = (self.modulation + e[:, None]).unbind(1)
-        return self.head(layout.modulate(F.layer_norm(x, (x.shape[-1],), eps=self.eps), shift, scale))
+        """x fp32 residual stream, e (frames, dim) fp32."""
+        shift, scale = (self.modulation.float() + e[:, None]).unbind(1)
+        x = layout.modulate(layer_norm32(x, self.eps), shift, scale)
+        return self.head(x.to(self.head.weight.dtype))
 
 
 class WanDiT(nn.Module):
@@ -366,9 +384,10 @@ class WanDiT(nn.Module):
         ctx.kv_fn, ctx.attend = kv_path(self.kv_path), dense(self.attention)
         lay, dtype = ctx.layout, self.patch_embedding.weight.dtype
         x = self.patch_embedding(x_in.to(dtype).unsqueeze(0)).flatten(2)[0]  # (dim, N)
-        x = x[:, lay.start : lay.end].t().contiguous()
+        x = x[:, lay.start : lay.end].t().float().contiguous()  # the residual stream is fp32 (see the top)
         e = self.time_embedding(t_freq.to(dtype))  # (F, dim)
-        e0 = self.time_projection(e).unflatten(1, (6, self.cfg.dim))
+        e0 = self.time_projection(e).float().unflatten(1, (6, self.cfg.dim))
+        e = e.float()
         cached = ctx.camera
         c = None
         if cached is None or len(cached) < len(self.blocks):  # once the cache is full, c is not needed

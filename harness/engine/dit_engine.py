@@ -16,13 +16,19 @@ only) but still runs sessions and chunks, so a dispatch recorder can count the f
 FLOPs on a laptop; its latents are meta tensors.
 
 Execution mode (``cfg.runtime.mode``): "eager" is the numerical reference. "compiled" compiles
-every DiT block with ``torch.compile`` (inductor; on CUDA ``max-autotune-no-cudagraphs``,
-overridable with ``compile_mode=`` or ``HARNESS_COMPILE_MODE``). The attention cores stay outside
-the graphs (``dit.attend_cache``), so the K length that grows until the window saturates never
-reaches a compiled graph: one set of graphs, traced in the first forward, serves every chunk and
-every layer. "deterministic" is compiled without on-device autotuning (inductor's
-``deterministic``), plus the process-wide flags set by the worker. ``compile_stats()`` counts what
-dynamo compiled, per chunk, so a recompilation after warm-up is visible.
+every DiT block with ``torch.compile`` (inductor; on CUDA mode ``reduce-overhead``, i.e. CUDA
+graphs through cudagraph trees, overridable with ``compile_mode=`` or ``HARNESS_COMPILE_MODE``).
+The attention cores stay outside the graphs (``dit.attend_cache``), so the K length that grows
+until the window saturates, the block tables and the KV writes never reach a compiled graph: the
+graphs see the same shapes in every chunk and every layer without padding the block table to a
+fixed maximum. One set of graphs, traced in the first forward, serves every chunk and every layer;
+under CUDA graphs each (layer, fragment) position is recorded once, in the second chunk, and
+replayed after. A chunk is one cudagraph "generation" (``cudagraph_mark_step_begin``): tensors of
+the chunk's forwards (the H2a camera cache) stay valid through the chunk.
+Inductor runs with ``emulate_precision_casts`` so fused elementwise code rounds where eager rounds.
+"deterministic" is compiled plus inductor's ``deterministic`` (no on-device autotuning) and the
+process-wide flags set by the worker. ``compile_stats()`` counts what dynamo compiled, per chunk,
+and the CUDA graphs recorded and skipped, so a recompilation or re-recording after warm-up shows.
 """
 
 from __future__ import annotations
@@ -121,6 +127,7 @@ class DitEngine:
         self._compiles_per_chunk: list[int] = []
         self._seen_compiles: set[str] = set()
         self._recompiles: list[str] = []  # first line of each guard failure that caused one
+        self.cudagraphs = False
         if self.mode != "eager" and not self.meta:
             self.compile(compile_mode)
 
@@ -147,28 +154,32 @@ class DitEngine:
         return f"{self.kv_path}+{self.attention}"
 
     # ---- compiled mode ---------------------------------------------------------------------------
-    def compile(self, compile_mode: str | None = None) -> None:
+    def compile(self, compile_mode: str | None = None, extra: dict | None = None) -> None:
         """Compile the blocks (see the module docstring); the graphs are traced lazily, in the
-        first forward."""
+        first forward. ``extra``: more inductor config for this compilation (experiments)."""
+        import torch._inductor
         import torch._inductor.config
 
-        # static shapes: a size change must show up as a recompilation, not as a silent dynamic graph
-        opts: dict = {"dynamic": False}
-        if self.mode == "deterministic":
+        mode = compile_mode or os.environ.get("HARNESS_COMPILE_MODE")
+        if mode is None:
+            mode = "reduce-overhead" if self.device.type == "cuda" else "default"
+        options = dict(torch._inductor.list_mode_options(mode)) if mode != "default" else {}
+        if self.device.type != "cuda":
+            options.pop("triton.cudagraphs", None)  # CPU tensors: nothing to graph
+        if hasattr(torch._inductor.config, "emulate_precision_casts"):
+            options["emulate_precision_casts"] = True
+        if self.mode == "deterministic" and hasattr(torch._inductor.config, "deterministic"):
             # no on-device benchmarking of kernel variants: the choice (and so the summation order)
             # would depend on timing noise and differ between launches
-            if hasattr(torch._inductor.config, "deterministic"):
-                opts["options"] = {"deterministic": True}
-        else:
-            mode = compile_mode or os.environ.get("HARNESS_COMPILE_MODE")
-            if mode is None and self.device.type == "cuda":
-                mode = "max-autotune-no-cudagraphs"
-            if mode and mode != "default":
-                opts["mode"] = mode
-        self.compile_options = opts
+            options["deterministic"] = True
+        options.update(extra or {})
+        self.cudagraphs = bool(options.get("triton.cudagraphs"))
+        # static shapes: a size change must show up as a recompilation, not as a silent dynamic graph
+        opts: dict = {"dynamic": False, "options": options}
+        self.compile_options = {"mode": mode, **opts}
         self._compile_base = _dynamo_counts()
         self._note_compiles()
-        self._recompiles = []
+        self._recompiles, self._compiles_per_chunk = [], []
         self.model.compile_blocks(**opts)
 
     def compile_stats(self) -> dict:
@@ -185,6 +196,9 @@ class DitEngine:
         out["recompiles"] = len(self._recompiles)
         out["recompile_reasons"] = self._recompiles[-5:]
         out["compiles_per_chunk"] = list(self._compiles_per_chunk)
+        out["cudagraphs"] = self.cudagraphs
+        if self.cudagraphs:
+            out.update(_cudagraph_counts(self.device))
         return out
 
     def _note_compiles(self) -> None:
@@ -225,6 +239,8 @@ class DitEngine:
         if self.model.compiled_blocks is None:
             return self._run_chunk(session, actions, poses)
         before = _dynamo_counts()["frames"]
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
         try:
             return self._run_chunk(session, actions, poses)
         finally:
@@ -327,6 +343,28 @@ class DitEngine:
     def _emit(self, event: str, **info) -> None:
         for h in self.hooks:
             h(event, info)
+
+
+def _cudagraph_counts(device: torch.device) -> dict:
+    """CUDA graphs recorded (nodes of inductor's cudagraph trees, internal API: None when it
+    changed) and graphs inductor declined to record (``cudagraph_skips``: they run without)."""
+    from torch._dynamo.utils import counters
+
+    out = {"cudagraph_skips": counters["inductor"]["cudagraph_skips"], "cudagraphs_recorded": None}
+    try:
+        from torch._inductor import cudagraph_trees as trees
+
+        mgr = trees.get_manager(device.index or 0, create_if_none_exists=False)
+        if mgr is not None:
+            n, todo = 0, [node for nodes in mgr.roots.values() for node in nodes]
+            while todo:
+                node = todo.pop()
+                n += 1
+                todo.extend(c for cs in node.children.values() for c in cs)
+            out["cudagraphs_recorded"] = n
+    except Exception:  # noqa: BLE001 - a diagnostic only
+        pass
+    return out
 
 
 def _dynamo_counts() -> dict[str, int]:

@@ -11,13 +11,15 @@ VAE) unless one is given.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
 
 import torch
 
-from harness.config import HarnessConfig, load_config, load_preset, override
+from harness.config import HarnessConfig, apply_sets, load_config, load_preset, override
+from harness.errors import HarnessError
 from harness.engine.groups import RankGroup, run_ranks
 
 
@@ -101,25 +103,52 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int) -> dict:
+def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, sessions: int = 1) -> dict:
+    """Chunk times of the first measured session; device memory and host RSS after every session
+    ends (flat over many sessions means nothing leaks per session). Compiled modes first run an
+    unmeasured session of 3 chunks: compilation in the first, CUDA-graph recording in the second."""
+    from harness.drivers.procwatch import rss_bytes
     from harness.engine.dit_engine import DitEngine, SessionConditions
 
+    if cfg.runtime.mode == "deterministic":
+        from harness.workers.common import set_deterministic
+
+        set_deterministic()
     device = _device_for(cfg, group.rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     eng = DitEngine(cfg, group=group, device=device, seed=cfg.runtime.seed)
-    s = eng.start_session(SessionConditions(prompt="bench", seed=0, image_latent=None))
-    times, kv_tokens = [], []
-    for c in range(chunks):
-        actions = ["W"] * cfg.video.frames_per_chunk
-        _sync(device)
+
+    def session(n: int, seed: int) -> list[float]:
+        s = eng.start_session(SessionConditions(prompt="bench", seed=seed, image_latent=None))
+        times = []
+        for _ in range(n):
+            _sync(device)
+            t0 = time.perf_counter()
+            eng.generate_chunk(s, ["W"] * cfg.video.frames_per_chunk)
+            _sync(device)
+            times.append((time.perf_counter() - t0) * 1e3)
+        eng.end_session(s)
+        return times
+
+    out: dict = {}
+    if cfg.runtime.mode != "eager":
         t0 = time.perf_counter()
-        eng.generate_chunk(s, actions)
+        out["warmup_chunk_ms"] = session(min(3, chunks), seed=1000)
+        out["warmup_s"] = time.perf_counter() - t0
+    mem = []
+    for i in range(sessions):
+        times = session(chunks, seed=i)
+        if i == 0:
+            out["chunk_ms"] = times
         _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-        kv_tokens.append(min((c + 1) * cfg.tokens_per_chunk, cfg.max_kv_tokens))
-    eng.end_session(s)
-    out = {"chunk_ms": times, "kv_tokens": kv_tokens, "attention": getattr(eng, "attention_description", lambda: cfg.runtime.attention)()}
+        mem.append({"allocated_mib": torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+                    "reserved_mib": torch.cuda.memory_reserved(device) / 2**20 if device.type == "cuda" else None,
+                    "rss_mib": (rss_bytes(os.getpid()) or 0) / 2**20})
+    out["memory_after_session"] = mem
+    out["kv_tokens"] = [min((c + 1) * cfg.tokens_per_chunk, cfg.max_kv_tokens) for c in range(chunks)]
+    out["attention"] = eng.attention_description()
+    out["compile"] = eng.compile_stats()
     if device.type == "cuda":
         out["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return out
@@ -150,11 +179,24 @@ def _vae_rank(group: RankGroup, cfg: HarnessConfig, chunks: int) -> dict:
     return out
 
 
-def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float | None = None) -> dict:
+def flatness(chunk_ms: list[float], late: int = 9, early: int = 6) -> float | None:
+    """chunk ``late`` ÷ chunk ``early`` (0-based): both past the window's saturation, so a ratio
+    away from 1 means per-chunk cost still grows (or the clock drifts) in the steady state."""
+    return chunk_ms[late] / chunk_ms[early] if len(chunk_ms) > late else None
+
+
+def memory_growth(samples: list[dict]) -> dict:
+    """Device allocated/reserved and host RSS after the last session minus after the first (MiB)."""
+    first, last = samples[0], samples[-1]
+    return {k: None if first[k] is None else last[k] - first[k] for k in first}
+
+
+def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float | None = None,
+              sessions: int = 1) -> dict:
     steady = steady_chunk_index(cfg)
-    chunks = chunks or steady + 3
+    chunks = chunks or cfg.video.chunks_per_session
     backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
-    dit = run_ranks(_dit_rank, cfg.parallel.sp, cfg, chunks, backend=backend, timeout_s=3600)[0]
+    dit = run_ranks(_dit_rank, cfg.parallel.sp, cfg, chunks, sessions, backend=backend, timeout_s=3600)[0]
     vae = run_ranks(_vae_rank, cfg.parallel.vae_ranks, cfg, min(chunks, 4), backend=backend, timeout_s=3600)[0]
     flops = count_steady_flops(cfg)
     steady_ms = dit["chunk_ms"][steady:] if len(dit["chunk_ms"]) > steady else dit["chunk_ms"][-1:]
@@ -162,6 +204,11 @@ def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float 
     vae_ms = statistics.median(vae["decode_ms"][1:] or vae["decode_ms"])
     res = {
         "preset": cfg.name, "device": cfg.runtime.device, "sp": cfg.parallel.sp, "vae_ranks": cfg.parallel.vae_ranks,
+        "mode": cfg.runtime.mode, "layers": cfg.model.num_layers, "compile": dit["compile"],
+        "warmup_chunk_ms": dit.get("warmup_chunk_ms"), "warmup_s": dit.get("warmup_s"),
+        "steady_flatness_9_vs_6": flatness(dit["chunk_ms"]),
+        "sessions": sessions, "memory_after_session": dit["memory_after_session"],
+        "memory_growth_mib": memory_growth(dit["memory_after_session"]),
         "dtype": cfg.runtime.dtype, "attention": dit["attention"], "kv_path": cfg.runtime.kv_path,
         "dit_chunk_ms": dit["chunk_ms"], "dit_kv_tokens": dit["kv_tokens"], "dit_steady_chunk_ms": dit_ms,
         "dit_forward_ms": dit_ms / (len(cfg.schedule.timesteps) + 1),
@@ -187,12 +234,22 @@ def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float 
 
 def _print(res: dict) -> None:
     print(f"bench-engine {res['preset']} on {res['device']}: SP={res['sp']} VAE ranks={res['vae_ranks']} "
-          f"dtype={res['dtype']} attention={res['attention']} kv={res['kv_path']}")
+          f"dtype={res['dtype']} mode={res['mode']} layers={res['layers']} attention={res['attention']} kv={res['kv_path']}")
     print("  DiT per chunk (ms): " + " ".join(f"{t:.1f}" for t in res["dit_chunk_ms"]))
     print(f"  DiT steady chunk {res['dit_steady_chunk_ms']:.2f} ms, per forward {res['dit_forward_ms']:.2f} ms, "
           f"{res['dit_tflops_per_s']:.3f} TFLOP/s" + (f", MFU {res['dit_mfu']:.1%}" if "dit_mfu" in res else ""))
     print(f"  VAE steady decode {res['vae_steady_decode_ms']:.2f} ms, {res['vae_tflops_per_s']:.3f} TFLOP/s"
           + (f", MFU {res['vae_mfu']:.1%} (TF32)" if "vae_mfu" in res else ""))
+    if res["steady_flatness_9_vs_6"] is not None:
+        print(f"  chunk 9 / chunk 6: {res['steady_flatness_9_vs_6']:.4f}")
+    c = res["compile"]
+    if c.get("compiled"):
+        print(f"  compiled ({c['options'].get('mode')}): first-session warm-up {res['warmup_s']:.1f} s, "
+              f"compiles per measured chunk {c['compiles_per_chunk'][-len(res['dit_chunk_ms']):]}, recompiles {c['recompiles']}"
+              + (f", CUDA graphs recorded {c.get('cudagraphs_recorded')}, skipped {c.get('cudagraph_skips')}" if c.get("cudagraphs") else ""))
+    g = res["memory_growth_mib"]
+    print(f"  memory over {res['sessions']} session(s), last − first (MiB): "
+          + ", ".join(f"{k} {v:+.1f}" for k, v in g.items() if v is not None))
     f = res["flops"]
     print(f"  FLOPs per steady chunk: linear {f['linear_flops']:.4g}, self-attn {f['self_attention_flops']:.4g}, "
           f"cross-attn {f['cross_attention_flops']:.4g}, VAE conv {f['vae_conv_flops']:.4g}")
@@ -200,15 +257,18 @@ def _print(res: dict) -> None:
 
 def main(args) -> int:
     cfg = load_config(args.config) if args.config else load_preset(args.preset)
-    cfg = override(cfg, parallel={"sp": args.sp, "vae_ranks": args.vae_ranks}, runtime={"device": args.device})
+    cfg = apply_sets(cfg, args.set)
+    cfg = override(cfg, parallel={"sp": args.sp, "vae_ranks": args.vae_ranks},
+                   runtime={"device": args.device, "mode": args.mode})
+    for name in ("chunks", "sessions"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise HarnessError(f"--{name} must be ≥ 1")
     if args.flops_only:
         print(json.dumps(count_steady_flops(cfg)))
         return 0
     if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
-        from harness.errors import HarnessError
-
         raise HarnessError("--device cuda but no CUDA device is visible (use --device cpu or --flops-only)")
-    res = run_bench(cfg, args.chunks, args.peak_tflops)
+    res = run_bench(cfg, args.chunks, args.peak_tflops, args.sessions)
     _print(res)
     if args.json:
         with open(args.json, "w") as f:

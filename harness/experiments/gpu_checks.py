@@ -189,14 +189,28 @@ def _gate(a: list[np.ndarray], b: list[np.ndarray]) -> dict:
 
     m = [latent_metrics(x, y) for x, y in zip(a, b)]
     return {"pass": all(not latent_passes(x) for x in m), "worst_rel_l2": max(x["rel_l2"] for x in m),
-            "worst_allclose_excess": max(x["allclose_excess"] for x in m)}
+            "worst_allclose_excess": max(x["allclose_excess"] for x in m),
+            "rel_l2_per_chunk": [round(x["rel_l2"], 5) for x in m]}
 
 
 def _steady(times: list[float]) -> float:
     return round(statistics.median(times[5:] or times), 1)
 
 
-def check_dit(chunks: int = 7, compile_mode: str | None = None, h2a: bool = True) -> dict:
+#: Compiled variants ``check_dit`` can time and gate against eager: (inductor mode, extra options).
+#: "engine" is what ``--mode compiled`` runs; the others isolate one choice each.
+VARIANTS = {
+    "engine": (None, {}),
+    "no-cudagraphs": ("default", {}),
+    "no-pattern-matcher": (None, {"pattern_matcher": False}),
+    "no-emulate-casts": (None, {"emulate_precision_casts": False}),
+}
+
+
+def check_dit(chunks: int = 7, compile_mode: str | None = None, h2a: bool = True,
+              variants: tuple[str, ...] = ("engine",)) -> dict:
+    """Eager, then each compiled variant from scratch (``torch._dynamo.reset``): a first session
+    (compilation, CUDA-graph recording), a second one timed and gated against eager."""
     from harness.engine.dit_engine import DitEngine
     from harness.engine.groups import RankGroup
 
@@ -211,29 +225,39 @@ def check_dit(chunks: int = 7, compile_mode: str | None = None, h2a: bool = True
         out["h2a_eager"] = {"exact": all(a.tobytes() == b.tobytes() for a, b in zip(eager, cached)),
                             "chunk_ms": [round(t) for t in t_cached],
                             "steady_ratio": round(_steady(t_cached) / _steady(t_eager), 3)}
+    out["steady_ms"] = {"eager": _steady(t_eager)}
     eng.mode = "compiled"
-    eng.compile(compile_mode)
-    t0 = time.perf_counter()
-    compiled, t_comp = _dit_session(eng, chunks)
-    out["compiled_first_session_s"] = round(time.perf_counter() - t0, 1)
-    compiled2, t_comp2 = _dit_session(eng, chunks)
-    out["compile_options"] = eng.compile_options
-    out["compiled_chunk_ms"] = [round(t) for t in t_comp2]
-    out["compiled_vs_eager_gate"] = _gate(eager, compiled2)
-    out["compiled_repeat_exact"] = all(a.tobytes() == b.tobytes() for a, b in zip(compiled, compiled2))
-    out["steady_ms"] = {"eager": _steady(t_eager), "compiled": _steady(t_comp2)}
-    out["compiled_speedup"] = round(_steady(t_eager) / _steady(t_comp2), 3)
-    if h2a:
-        eng.camera_cache = True
-        cached_c, t_cc = _dit_session(eng, chunks)
-        eng.camera_cache = False
-        out["h2a_compiled"] = {"exact": all(a.tobytes() == b.tobytes() for a, b in zip(compiled2, cached_c)),
-                               "steady_ratio": round(_steady(t_cc) / _steady(t_comp2), 3)}
-    st = eng.compile_stats()
-    out["compile_stats"] = {k: st[k] for k in ("frames", "graphs", "graph_breaks", "recompiles", "recompile_reasons")}
-    per_chunk = st["compiles_per_chunk"]
-    out["compiles_first_chunk"] = per_chunk[0]
-    out["compiles_after_first_chunk"] = sum(per_chunk[1:])
+    for name in variants:
+        mode, extra = VARIANTS[name]
+        torch._dynamo.reset()
+        eng.compile(compile_mode if name == "engine" else mode or compile_mode, extra)
+        t0 = time.perf_counter()
+        try:
+            compiled, _ = _dit_session(eng, chunks)
+            first_s = time.perf_counter() - t0
+            compiled2, t_comp2 = _dit_session(eng, chunks)
+        except Exception as e:  # noqa: BLE001 - one variant failing must not lose the others
+            out[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            continue
+        st = eng.compile_stats()
+        rec = {"compile_options": eng.compile_options, "first_session_s": round(first_s, 1),
+               "chunk_ms": [round(t) for t in t_comp2], "steady_ms": _steady(t_comp2),
+               "speedup_vs_eager": round(_steady(t_eager) / _steady(t_comp2), 3),
+               "gate_vs_eager": _gate(eager, compiled2),
+               "repeat_exact": all(a.tobytes() == b.tobytes() for a, b in zip(compiled, compiled2)),
+               "compile_stats": {k: st.get(k) for k in ("frames", "graphs", "graph_breaks", "recompiles",
+                                                       "recompile_reasons", "cudagraphs", "cudagraphs_recorded",
+                                                       "cudagraph_skips")},
+               "compiles_first_chunk": st["compiles_per_chunk"][0],
+               "compiles_after_first_chunk": sum(st["compiles_per_chunk"][1:])}
+        if h2a and name == variants[0]:
+            eng.camera_cache = True
+            cached_c, t_cc = _dit_session(eng, chunks)
+            eng.camera_cache = False
+            rec["h2a"] = {"exact": all(a.tobytes() == b.tobytes() for a, b in zip(compiled2, cached_c)),
+                          "steady_ratio": round(_steady(t_cc) / _steady(t_comp2), 3)}
+        out[name] = rec
+        out["steady_ms"][name] = rec["steady_ms"]
     return out
 
 
@@ -281,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunks", type=int)
     p.add_argument("--compile-mode", help="inductor mode for the compiled DiT/VAE (default: the engine's)")
     p.add_argument("--no-h2a", action="store_true")
+    p.add_argument("--variants", default="engine", help=f"comma list of compiled variants: {', '.join(VARIANTS)}")
     p.add_argument("--mode", default="deterministic")
     p.add_argument("--save")
     a = p.parse_args(argv)
@@ -289,8 +314,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if a.check == "dit-run":
         if a.mode == "deterministic":
-            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-            torch.use_deterministic_algorithms(True, warn_only=True)
+            from harness.workers.common import set_deterministic
+
+            set_deterministic()
         _dit_run(a.mode, a.chunks or 3, a.save)
         return 0
     t0 = time.perf_counter()
@@ -299,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     elif a.check == "vae":
         report = check_vae(a.chunks or 6, a.compile_mode or "default")
     elif a.check == "dit":
-        report = check_dit(a.chunks or 7, a.compile_mode, h2a=not a.no_h2a)
+        report = check_dit(a.chunks or 7, a.compile_mode, h2a=not a.no_h2a, variants=tuple(a.variants.split(",")))
     else:
         report = check_determinism(a.chunks or 3)
     report = {"check": a.check, "device": torch.cuda.get_device_name(), "torch": torch.__version__,

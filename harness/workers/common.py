@@ -58,12 +58,18 @@ def process_setup(spec: WorkerSpec) -> None:
         pass
     torch.set_num_threads(max(1, spec.threads))
     if spec.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        set_deterministic()
     if spec.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(spec.device))
+
+
+def set_deterministic() -> None:
+    """The process-wide flags of ``--mode deterministic`` (DESIGN §5); before CUDA starts, since
+    cuBLAS reads its workspace setting when it initialises."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def world_size(cfg: HarnessConfig) -> int:

@@ -51,9 +51,14 @@ def test_engine_reads_the_mode(runs):
     assert runs["eager_engine"].model.compiled_blocks is None
     assert runs["eager_engine"].compile_stats() == {"mode": "eager", "compiled": False}
     det = DitEngine(_tiny("deterministic"), group=RankGroup.single(), device=torch.device("cpu"), seed=3)
-    assert det.model.compiled_blocks is not None and "mode" not in det.compile_options
+    assert det.model.compiled_blocks is not None and det.compile_options["mode"] == "default"
     if hasattr(torch._inductor.config, "deterministic"):
-        assert det.compile_options["options"] == {"deterministic": True}
+        assert det.compile_options["options"]["deterministic"] is True
+    # CUDA graphs are asked for by mode, but a CPU engine has nothing to graph: dropped, and said so
+    ro = DitEngine(_tiny("compiled"), group=RankGroup.single(), device=torch.device("cpu"), seed=3,
+                   compile_mode="reduce-overhead")
+    assert ro.compile_options["mode"] == "reduce-overhead" and not ro.cudagraphs
+    assert "triton.cudagraphs" not in ro.compile_options["options"] and ro.compile_stats()["cudagraphs"] is False
 
 
 def test_compiled_passes_the_threshold_gate(runs):

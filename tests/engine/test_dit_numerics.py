@@ -176,12 +176,18 @@ def test_rope_split_and_token_layout():
     shift, scale, gate = torch.randn(3, 8), torch.randn(3, 8), torch.randn(3, 8)
     fi = torch.arange(1170, 2340) // 1560
     assert torch.allclose(lay.modulate(x, shift, scale), x * (1 + scale[fi]) + shift[fi], atol=1e-5)
-    assert torch.allclose(lay.gated_add_(x.clone(), x, gate), x + x * gate[fi], atol=1e-5)
+    x0 = x.clone()
+    assert torch.allclose(lay.gated_add(x, x, gate), x + x * gate[fi], atol=1e-5)
+    # a bf16 branch onto the fp32 residual stream: fp32 out, and x itself is never written
+    mixed = lay.gated_add(x, x.bfloat16(), gate)
+    assert mixed.dtype == torch.float32 and torch.equal(x, x0)
+    assert torch.allclose(mixed, x + x.bfloat16().float() * gate[fi], atol=1e-5)
     whole = TokenLayout(3, 32, 32, 96)
     assert whole.aligned and whole.segments == ((1, 0, 32), (2, 32, 64))
     y = torch.randn(64, 8)
     fj = torch.arange(32, 96) // 32
     assert torch.allclose(whole.modulate(y, shift, scale), y * (1 + scale[fj]) + shift[fj], atol=1e-5)
+    assert torch.allclose(whole.gated_add(y, y, gate), y + y * gate[fj], atol=1e-5)
 
 
 def test_rope_rotates_pairs_at_absolute_frames():

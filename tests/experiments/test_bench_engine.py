@@ -45,12 +45,26 @@ def test_flops_only_counts_the_steady_chunk_of_the_full_model(preset):
 
 def test_bench_engine_tiny_on_two_sp_and_two_vae_ranks(tmp_path):
     out = tmp_path / "bench.json"
-    proc = _run("--preset", "tiny", "--sp", "2", "--vae-ranks", "2", "--json", str(out))
+    proc = _run("--preset", "tiny", "--sp", "2", "--vae-ranks", "2", "--sessions", "2", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     res = json.loads(out.read_text())
-    assert res["sp"] == 2 and res["vae_ranks"] == 2
-    assert len(res["dit_chunk_ms"]) == 8 and all(t > 0 for t in res["dit_chunk_ms"])
+    assert res["sp"] == 2 and res["vae_ranks"] == 2 and res["mode"] == "eager"
     cfg = load_preset("tiny")
+    n = cfg.video.chunks_per_session  # a whole session by default: chunk 9 vs chunk 6 is reported
+    assert len(res["dit_chunk_ms"]) == n and all(t > 0 for t in res["dit_chunk_ms"])
+    assert res["steady_flatness_9_vs_6"] == res["dit_chunk_ms"][9] / res["dit_chunk_ms"][6]
+    assert len(res["memory_after_session"]) == 2 and res["memory_growth_mib"]["allocated_mib"] is None
+    assert res["memory_growth_mib"]["rss_mib"] == (res["memory_after_session"][1]["rss_mib"]
+                                                   - res["memory_after_session"][0]["rss_mib"])
     assert res["dit_kv_tokens"][-1] == cfg.max_kv_tokens  # the timed steady chunks saw a full window
     assert res["vae_steady_decode_ms"] > 0 and res["flops"]["total_flops"] > 0
     assert "DiT steady chunk" in proc.stdout
+
+
+@pytest.mark.parametrize("bad, why", [(["--set", "model.layers=4"], "no field model.layers"),
+                                      (["--set", "model.num_layers=four"], "Expected `int`"),
+                                      (["--sessions", "0"], "--sessions must be")])
+def test_bad_options_are_refused_in_one_line(bad, why):
+    proc = _run("--preset", "tiny", *bad, timeout=120)
+    assert proc.returncode != 0
+    assert why in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
