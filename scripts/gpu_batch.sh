@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # GPU measurements for docs/results: engine benchmarks and full-size serves on one or two GPUs.
 # Usage: scripts/gpu_batch.sh OUT_DIR [STEP…]
-#   steps: probe bench1 bench1c bench2 bench704 bench704c mem served servee servee-shared gputests h4 dit det replay
+#   steps: probe bench1 bench1c bench2 bench2c bench704 bench704c mem served servee servee-shared report gate gputests h4 dit
+#          det replay
+# Environment: MODE (serve/bench mode), TAG (suffix of a repeated serve), SESSIONS, VARIANTS (dit),
+#   GATE_A / GATE_B / GATE_EXACT (gate between two run directories of this scratch folder).
 # Run directories go to a scratch folder (media and saved outputs are large); the small files
 # (summaries, events, manifests, logs, bench JSON) are packed into OUT_DIR/results.tgz.
 set -uo pipefail
 OUT=${1:?usage: gpu_batch.sh OUT_DIR [STEP...]}; shift
 STEPS=${*:-bench1 bench2 served servee}
+M=${MODE:-eager}; TAG=${TAG:-}  # serve steps: execution mode, and a suffix for repeated runs
 SCRATCH=${SCRATCH:-/tmp/harness-gpu}
 mkdir -p "$OUT" "$SCRATCH"
 export PYTHONUNBUFFERED=1
@@ -19,13 +23,16 @@ for s in $STEPS; do
     probe)    step probe python3 -c "import torch, torch._inductor.config as c; print(torch.__version__, {k: getattr(c, k, 'absent') for k in ('emulate_precision_casts', 'keep_addmm_fused_for_half_dtypes', 'deterministic', 'pattern_matcher')})" ;;
     bench1c)  step bench-480-sp1-compiled $H bench-engine --preset lingbot-480x832 --device cuda --mode "${MODE:-compiled}" --json "$SCRATCH/bench-480-sp1-compiled.json" ;;
     bench704c) step bench-704-sp1-compiled $H bench-engine --preset lingbot-704x1280 --device cuda --mode "${MODE:-compiled}" --json "$SCRATCH/bench-704-sp1-compiled.json" ;;
-    mem)      step memory-50-sessions $H bench-engine --preset lingbot-480x832 --device cuda --mode "${MODE:-compiled}" --set model.num_layers=4 --sessions 50 --chunks 7 --json "$SCRATCH/memory-50-sessions.json" ;;
+    mem)      step memory-50-sessions $H bench-engine --preset lingbot-480x832 --device cuda --mode "${MODE:-compiled}" --set model.num_layers=2 --sessions 50 --chunks 7 --json "$SCRATCH/memory-50-sessions.json" ;;
     bench1)   step bench-480-sp1 $H bench-engine --preset lingbot-480x832 --device cuda --json "$SCRATCH/bench-480-sp1.json" ;;
     bench2)   step bench-480-sp2 $H bench-engine --preset lingbot-480x832 --device cuda --sp 2 --vae-ranks 2 --json "$SCRATCH/bench-480-sp2.json" ;;
     bench704) step bench-704-sp1 $H bench-engine --preset lingbot-704x1280 --device cuda --json "$SCRATCH/bench-704-sp1.json" ;;
-    served)   step serve-480-d $H serve --preset lingbot-480x832 --device cuda --sessions "${SESSIONS:-2}" --scheduler case-d --out "$SCRATCH/serve-480-d" --no-progress ;;
-    servee)   step serve-480-e-separate $H serve --preset lingbot-480x832 --device cuda --sessions "${SESSIONS:-2}" --scheduler case-e --dit-gpus 0 --vae-gpus 1 --out "$SCRATCH/serve-480-e-separate" --no-progress ;;
-    servee-shared) step serve-480-e-shared $H serve --preset lingbot-480x832 --device cuda --sessions "${SESSIONS:-2}" --scheduler case-e --out "$SCRATCH/serve-480-e-shared" --no-progress ;;
+    served)   step serve-480-d-$M$TAG $H serve --preset lingbot-480x832 --device cuda --mode $M --sessions "${SESSIONS:-2}" --scheduler case-d --out "$SCRATCH/serve-480-d-$M$TAG" --no-progress ;;
+    servee)   step serve-480-e-separate-$M$TAG $H serve --preset lingbot-480x832 --device cuda --mode $M --sessions "${SESSIONS:-2}" --scheduler case-e --dit-gpus 0 --vae-gpus 1 --out "$SCRATCH/serve-480-e-separate-$M$TAG" --no-progress ;;
+    servee-shared) step serve-480-e-shared-$M$TAG $H serve --preset lingbot-480x832 --device cuda --mode $M --sessions "${SESSIONS:-2}" --scheduler case-e --out "$SCRATCH/serve-480-e-shared-$M$TAG" --no-progress ;;
+    bench2c)  step bench-480-sp2-compiled $H bench-engine --preset lingbot-480x832 --device cuda --sp 2 --vae-ranks 2 --mode "${MODE:-compiled}" --json "$SCRATCH/bench-480-sp2-compiled.json" ;;
+    report)   step report $H report $(ls -d "$SCRATCH"/serve-*/ 2>/dev/null) --out "$SCRATCH/report" ;;
+    gate)     step "gate-$GATE_A-vs-$GATE_B" $H gate "$SCRATCH/$GATE_A" "$SCRATCH/$GATE_B" ${GATE_EXACT:+--exact} --json "$SCRATCH/gate-$GATE_A-vs-$GATE_B.json" ;;
     gputests) step gpu-tests python3 -m pytest -q -p no:cacheprovider tests/candidates/test_h4a_fused_output.py tests/candidates/test_h4b_pinned_d2h.py tests/hooks/test_hooks_cuda.py ;;
     h4)       step h4-output python3 -m harness.experiments.gpu_checks output --json "$SCRATCH/h4-output.json" ;;
     dit)      step dit-compiled python3 -m harness.experiments.gpu_checks dit --variants "${VARIANTS:-engine}" --json "$SCRATCH/dit-compiled.json" ;;
