@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # GPU measurements for docs/results: engine benchmarks and full-size serves on one or two GPUs.
 # Usage: scripts/gpu_batch.sh OUT_DIR [STEP…]
-#   steps: probe bench1 bench1c bench2 bench2c bench704 bench704c mem served servee servee-shared report gate gputests h4 dit
+#   steps: probe bench1 bench1c bench2 bench2c bench704 bench704c mem served servee servee-shared compare report gate gputests h4 dit
 #          det replay
 # Environment: MODE (serve/bench mode), TAG (suffix of a repeated serve), SESSIONS, VARIANTS (dit),
-#   GATE_A / GATE_B / GATE_EXACT (gate between two run directories of this scratch folder).
+#   GATE_A / GATE_B / GATE_EXACT (gate between two run directories of this scratch folder),
+#   CAND / ROUNDS / LAYERS (compare: the candidate, rounds, DiT depth).
 # Run directories go to a scratch folder (media and saved outputs are large); the small files
 # (summaries, events, manifests, logs, bench JSON) are packed into OUT_DIR/results.tgz.
 set -uo pipefail
@@ -31,6 +32,7 @@ for s in $STEPS; do
     servee)   step serve-480-e-separate-$M$TAG $H serve --preset lingbot-480x832 --device cuda --mode $M --sessions "${SESSIONS:-2}" --scheduler case-e --dit-gpus 0 --vae-gpus 1 --out "$SCRATCH/serve-480-e-separate-$M$TAG" --no-progress ;;
     servee-shared) step serve-480-e-shared-$M$TAG $H serve --preset lingbot-480x832 --device cuda --mode $M --sessions "${SESSIONS:-2}" --scheduler case-e --out "$SCRATCH/serve-480-e-shared-$M$TAG" --no-progress ;;
     bench2c)  step bench-480-sp2-compiled $H bench-engine --preset lingbot-480x832 --device cuda --sp 2 --vae-ranks 2 --mode "${MODE:-compiled}" --json "$SCRATCH/bench-480-sp2-compiled.json" ;;
+    compare)  step compare-$CAND $H compare --preset lingbot-480x832 --device cuda --candidate "$CAND" --rounds "${ROUNDS:-1}" --sessions "${SESSIONS:-2}" --set model.num_layers="${LAYERS:-40}" --out "$SCRATCH/compare-$CAND" --no-progress ;;
     report)   step report $H report $(ls -d "$SCRATCH"/serve-*/ 2>/dev/null) --out "$SCRATCH/report" ;;
     gate)     step "gate-$GATE_A-vs-$GATE_B" $H gate "$SCRATCH/$GATE_A" "$SCRATCH/$GATE_B" ${GATE_EXACT:+--exact} --json "$SCRATCH/gate-$GATE_A-vs-$GATE_B.json" ;;
     gputests) step gpu-tests python3 -m pytest -q -p no:cacheprovider tests/candidates/test_h4a_fused_output.py tests/candidates/test_h4b_pinned_d2h.py tests/hooks/test_hooks_cuda.py ;;
