@@ -258,7 +258,7 @@ def ab_verdict(ab: Estimate | None, aa: Estimate | None, gate_passed: bool | Non
     if aa is None:
         notes.append("no A/A noise floor")
     elif not aa.contains(1.0):
-        notes.append("A/A interval excludes 1: the environment drifted between rounds")
+        notes.append("A/A interval excludes 1: the two halves of the baseline differ (drift between launches or sessions)")
     note = f" ({'; '.join(notes)})" if notes else ""
     band = f"[{1 - f:.4f}, {1 + f:.4f}]"
     ci = f"ratio {ab.value:.4f} [{ab.low:.4f}, {ab.high:.4f}]"

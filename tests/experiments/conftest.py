@@ -1,5 +1,5 @@
 """Hand-built Case D event tables (``event_tables``), and one real comparison (``h5a_compare``: H5a
-vs Case D on the tiny preset, 2 rounds, 2 sessions × 7 chunks per launch) shared by the compare
+vs Case D on the tiny preset, 2 rounds, 3 sessions (1 warm-up) × 7 chunks per launch) shared by the compare
 and report tests — 4 serve launches, the costly part of this suite."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def harness_workers(pid: int) -> list[int]:
 @pytest.fixture(scope="session")
 def h5a_compare(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare") / "h5a"
-    rc = main(["compare", "--candidate", "H5a", "--rounds", "2", "--preset", "tiny", "--sessions", "2", "--chunks", "7",
+    rc = main(["compare", "--candidate", "H5a", "--rounds", "2", "--preset", "tiny", "--sessions", "3", "--chunks", "7",
                "--out", str(out), "--no-progress"])
     return rc, out, harness_workers(os.getpid())
 

@@ -29,11 +29,11 @@ def test_compare_h5a_runs_interleaved_rounds_and_writes_the_gate_and_table(h5a_c
     rows = {r["boundary"] if r["metric"].startswith("steady") else "ttfc": r for r in res["rows"]}
     assert set(rows) == {"cpu_ready", "encoded", "delivered", "ttfc"}
     for r in rows.values():
-        assert r["ab"]["n_sessions"] == 4  # 1 measured session per launch, 2 launches per arm
+        assert r["ab"]["n_sessions"] == 8  # 2 measured sessions per launch, 2 launches per arm
         assert r["ab"]["low"] <= r["ab"]["value"] <= r["ab"]["high"]
         assert r["aa"] is not None and r["noise_floor"] is not None  # A/A: baseline round 0 vs round 1
         assert r["verdict"] in ("faster", "slower", "no resolvable difference")
-    assert rows["cpu_ready"]["candidate_samples"] == 4  # 2 steady intervals (chunks 5-6) per session
+    assert rows["cpu_ready"]["candidate_samples"] == 8  # 2 steady intervals (chunks 5-6) per session
     assert res["verdict"] == rows["cpu_ready"]["verdict"]
     assert "odd rounds" in res["noise_floor_method"]
     md = (out / "compare.md").read_text()
@@ -109,8 +109,8 @@ def test_compare_refuses_before_launching(tmp_path, capsys):
 
 
 def test_a_failed_gate_is_never_a_speed_claim():
-    base = [[[100, 101]], [[99, 100]]]
-    fast = [[[50, 51]], [[49, 50]]]
+    base = [[[100, 101], [101, 100]], [[99, 100], [100, 99]]]
+    fast = [[[50, 51], [51, 50]], [[49, 50], [50, 49]]]
     row = C.compare_metric("steady interval P50 @ cpu_ready", "cpu_ready", base, fast, False, {"n_boot": 200, "seed": 0})
     assert row.verdict == "no verdict" and row.significant is None and "gate failed" in row.reason
     ok = C.compare_metric("steady interval P50 @ cpu_ready", "cpu_ready", base, fast, True, {"n_boot": 200, "seed": 0})
@@ -129,8 +129,10 @@ def test_aa_halves_and_gate_kind():
     rounds = [[[1], [2]], [[3]], [[4], []], [[5]]]
     x, y, how = C.aa_halves(rounds)
     assert how == "rounds" and x == [[1], [2], [4]] and y == [[3], [5]]
-    x, y, how = C.aa_halves([[[1], [2], [3]]])
-    assert how == "sessions" and x == [[1], [3]] and y == [[2]]
+    x, y, how = C.aa_halves([[[1], [2], [3], [4]]])
+    assert how == "sessions" and x == [[1], [3]] and y == [[2], [4]]
+    # a half of one session bootstraps to a point: no floor rather than a zero-width one
+    assert C.aa_halves([[[1], [2], [3]]]) is None and C.aa_halves([[[1]], [[2]]]) is None
     assert C.aa_halves([[[1]]]) is None
     assert C.gate_kind(["exact"]) == "exact"
     assert C.gate_kind(["exact", "threshold"]) == "threshold"
