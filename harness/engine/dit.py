@@ -9,7 +9,10 @@ Module and parameter names are the checkpoint's (DESIGN §2), so real weights lo
 * under Ulysses SP each rank holds a contiguous slice of the chunk's tokens, and attention runs on
   all tokens of the rank's heads between two all-to-alls;
 * modulation comes from one timestep per latent frame and is broadcast over that frame's tokens;
-* the text K/V of cross-attention are computed once per session (``text_kv``) and head-sliced.
+* the text K/V of cross-attention are computed once per session (``text_kv``), for all heads:
+  cross-attention runs on the rank's own tokens with every head, with no all-to-all (the text is
+  short, so holding all of its K/V on every rank costs ≈ 0.4 GB at full size, and it saves two
+  of the six token-sized all-to-alls of a block under SP).
 
 Numerics follow Wan's: parameters and GEMM inputs/outputs are in the runtime dtype (bf16 on GPU,
 fp32 for the tiny CPU preset), but the residual stream, every norm, the modulation, RoPE and the
@@ -163,7 +166,7 @@ class ForwardContext:
     rope: Tensor  # complex (n_local, 1, head_dim/2)
     cache: PagedKVCache
     kv: SessionKV
-    text_kv: list[tuple[Tensor, Tensor]]  # per layer, (1, H/sp, L, D) views
+    text_kv: list[tuple[Tensor, Tensor]]  # per layer, (1, H, L, D): every head on every rank
     group_blocks: int  # blocks per step of the paged KV path
     kv_fn: KvPathFn | None = None  # resolved from the model's switches at each forward
     attend: DenseFn | None = None
@@ -240,13 +243,12 @@ class CrossAttention(nn.Module):
         self.norm_q = RMSNorm(dim, eps, dtype)
         self.norm_k = RMSNorm(dim, eps, dtype)
 
-    def text_kv(self, context: Tensor, heads: tuple[int, int]) -> tuple[Tensor, Tensor]:
-        """K/V of the embedded text (L, dim) for heads [h0, h1): (1, h1−h0, L, D) views, once per session.
-        norm_k spans all heads, so K is normalised before slicing."""
+    def text_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
+        """K/V of the embedded text (L, dim), all heads: (1, H, L, D) each, once per session."""
         n, h, d = context.shape[0], self.heads, self.head_dim
-        k = self.norm_k(self.k(context)).to(context.dtype).view(n, h, d)[:, heads[0] : heads[1]].contiguous()
-        v = self.v(context).view(n, h, d)[:, heads[0] : heads[1]].contiguous()
-        return k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+        k = self.norm_k(self.k(context)).to(context.dtype).view(n, h, d)
+        v = self.v(context).view(n, h, d)
+        return k.transpose(0, 1).unsqueeze(0).contiguous(), v.transpose(0, 1).unsqueeze(0).contiguous()
 
     def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
         n = x.shape[0]
@@ -276,13 +278,11 @@ def attend_cache(attn: SelfAttention, q: Tensor, k: Tensor, v: Tensor, ctx: Forw
 
 @torch.compiler.disable
 def attend_text(attn: CrossAttention, q: Tensor, ctx: ForwardContext) -> Tensor:
-    """Chunk queries (n_local, H, D) over the session's cached text K/V."""
-    if ctx.group.active:
-        q = seq_to_heads(q.unsqueeze(1), ctx.group)[:, 0]
+    """The rank's own queries (n_local, H, D), every head, over the session's cached text K/V:
+    sequence-local, so no collective (see the module docstring)."""
     k, v = ctx.text_kv[attn.layer]
     with hctx.phase(role="cross_attention"):
-        o = cross_attention(q, k, v, attend=ctx.attend)
-    return heads_to_seq(o, ctx.group)
+        return cross_attention(q, k, v, attend=ctx.attend)
 
 
 class Block(nn.Module):
@@ -365,9 +365,9 @@ class WanDiT(nn.Module):
         return self
 
     # -- once per session / chunk --
-    def text_kv(self, text: Tensor, heads: tuple[int, int]) -> list[tuple[Tensor, Tensor]]:
+    def text_kv(self, text: Tensor) -> list[tuple[Tensor, Tensor]]:
         context = self.text_embedding(text)
-        return [b.cross_attn.text_kv(context, heads) for b in self.blocks]
+        return [b.cross_attn.text_kv(context) for b in self.blocks]
 
     def camera_tokens(self, rays: Tensor, layout: TokenLayout) -> Tensor:
         """(384, F, H, W) ray map → this rank's (n_local, 384·prod(patch)) patch vectors, ordered

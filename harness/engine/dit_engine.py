@@ -50,7 +50,7 @@ from harness.engine.conditions import (SessionConditions, check_image_latent, de
 from harness.engine.dit import ForwardContext, RopeTables, TokenLayout, WanDiT, build_model, sinusoidal
 from harness.engine.groups import RankGroup
 from harness.engine.kvcache import PagedKVCache, SessionKV
-from harness.engine.ulysses import head_range, token_range
+from harness.engine.ulysses import token_range
 from harness.engine.weights import init_weights, load_weights
 from harness.errors import HarnessError
 from harness.hooks import context as hctx
@@ -105,7 +105,6 @@ class DitEngine:
 
         self.cache = PagedKVCache.from_config(cfg, sp=group.size, dtype=self.dtype, device=self.device)
         self.layout = TokenLayout(self.frames, cfg.tokens_per_frame, *token_range(cfg.tokens_per_chunk, group))
-        self.heads = head_range(m.num_heads, group)
         # The paged path walks the cache six latent frames at a time (3 steps over a full window):
         # fewer, larger steps run faster (H200, 480×832: 5.6 ms vs 10.9 ms at one frame a step), and
         # the K/V copied per step stays a third of the window.
@@ -221,7 +220,7 @@ class DitEngine:
         text = session_text_embedding(conditions, m.text_len, m.text_dim).to(self.device, self.dtype)
         kv = self.cache.open()
         s = DitSession(sid=next(self._sessions), seed=int(conditions.seed), kv=kv,
-                       text_kv=self.model.text_kv(text, self.heads),
+                       text_kv=self.model.text_kv(text),
                        image_latent=None if image is None else image.to(self.device, torch.float32))
         self._emit("session_start", session=s.sid)
         return s

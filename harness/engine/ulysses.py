@@ -25,11 +25,6 @@ def token_range(n_tokens: int, group: RankGroup) -> tuple[int, int]:
     return group.rank * n, (group.rank + 1) * n
 
 
-def head_range(n_heads: int, group: RankGroup) -> tuple[int, int]:
-    h = n_heads // group.size
-    return group.rank * h, (group.rank + 1) * h
-
-
 def seq_to_heads(x: Tensor, group: RankGroup) -> Tensor:
     """(n_local, K, H, D) → (N, K, H/sp, D); K stacks tensors (q, k, v) sharing one collective."""
     if not group.active:

@@ -210,10 +210,11 @@ def synthetic_cases(preset: str, *, sps: tuple[int, ...] = SYNTHETIC_SP, kv: tup
                 cases.append(_synthetic_case(f"syn-self-sp{sp}-{phase}-k{skv}", "self_attention", phase, meta,
                                              {"q": [sq, h, d], "k": [skv, h, d], "v": [skv, h, d], "block_ids": [skv // bs]},
                                              dtype, seed + 1000 * sp + 100 * pi + skv))
-            if cross:
+            if cross:  # sequence-local under SP: the rank's tokens, every head (engine/dit.py)
                 meta = {"layout": {"q": "shd", "k": "bhsd", "v": "bhsd"}, "sp": sp}
+                hh = m.num_heads
                 cases.append(_synthetic_case(f"syn-cross-sp{sp}-{phase}", "cross_attention", phase, meta,
-                                             {"q": [sq, h, d], "k": [1, h, text, d], "v": [1, h, text, d]},
+                                             {"q": [sq // sp, hh, d], "k": [1, hh, text, d], "v": [1, hh, text, d]},
                                              dtype, seed + 1000 * sp + 100 * pi + 7))
     return cases
 
