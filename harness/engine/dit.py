@@ -131,22 +131,32 @@ class RopeTables:
         self.sin_hw = torch.cat([sh[hi], sw[wi]], dim=-1).to(device)
 
     def for_chunk(self, first_frame: int) -> Tensor:
-        """complex64 (n_local, 1, head_dim/2): the rotation at absolute frames first_frame + 0..F−1."""
+        """fp32 (n_local, 1, head_dim/2, 2), (cos, sin) pairs: the rotation at absolute frames
+        first_frame + 0..F−1 (a complex64 tensor by ``view_as_complex``, without a copy)."""
         last = first_frame + self.frames
         if last > self.max_frames:
             raise HarnessError(f"session exceeds {self.max_frames} latent frames (RoPE table); start a new session")
         cos = torch.cat([self.cos_f[first_frame:last].index_select(0, self.fi), self.cos_hw], dim=-1)
         sin = torch.cat([self.sin_f[first_frame:last].index_select(0, self.fi), self.sin_hw], dim=-1)
-        return torch.complex(cos, sin).unsqueeze(1)
+        return torch.stack([cos, sin], dim=-1).unsqueeze(1)
 
 
 def apply_rope(x: Tensor, rot: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-    """Rotate consecutive channel pairs (Wan's complex layout) of x (n, H, D) in fp32: one complex
-    multiply instead of the 6 real ops and a stack (RoPE was ~8 % of a 480×832 chunk that way).
-    Returns ``dtype`` (default: x's)."""
+    """Rotate consecutive channel pairs (Wan's complex layout) of x (n, H, D) in fp32 by ``rot``
+    (``RopeTables.for_chunk``); returns ``dtype`` (default: x's).
+
+    Eager runs one complex multiply rather than 6 real ops and a stack (RoPE was ~8 % of a 480×832
+    chunk that way). Inductor has no complex code generation (it calls the unfused aten kernel),
+    so traced code writes the same rotation in real arithmetic, which fuses with the norm before
+    it and the cast after it."""
     n, h, d = x.shape
-    xc = torch.view_as_complex(x.float().reshape(n, h, d // 2, 2))
-    return torch.view_as_real(xc * rot).flatten(2).to(dtype or x.dtype)
+    xr = x.float().reshape(n, h, d // 2, 2)
+    if torch.compiler.is_compiling():
+        x0, x1, c, s = xr[..., 0], xr[..., 1], rot[..., 0], rot[..., 1]
+        out = torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], dim=-1)
+    else:
+        out = torch.view_as_real(torch.view_as_complex(xr) * torch.view_as_complex(rot))
+    return out.flatten(2).to(dtype or x.dtype)
 
 
 def sinusoidal(timesteps: list[float] | Tensor, dim: int) -> Tensor:
@@ -163,7 +173,7 @@ class ForwardContext:
     group: RankGroup
     layout: TokenLayout
     grid: tuple[int, int, int]  # (frames, h, w) in patches
-    rope: Tensor  # complex (n_local, 1, head_dim/2)
+    rope: Tensor  # (n_local, 1, head_dim/2, 2) cos/sin pairs
     cache: PagedKVCache
     kv: SessionKV
     text_kv: list[tuple[Tensor, Tensor]]  # per layer, (1, H, L, D): every head on every rank

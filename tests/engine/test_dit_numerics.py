@@ -199,10 +199,13 @@ def test_rope_rotates_pairs_at_absolute_frames():
     y = apply_rope(x, rot)
     # Wan's layout: channel pairs (2i, 2i+1) rotate as one complex number
     x0, x1 = x[..., 0::2], x[..., 1::2]
-    c, s = rot.real, rot.imag
+    c, s = rot[..., 0], rot[..., 1]
     assert torch.allclose(y[..., 0::2], x0 * c - x1 * s, atol=1e-6)
     assert torch.allclose(y[..., 1::2], x0 * s + x1 * c, atol=1e-6)
     assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1), atol=1e-5)
+    # the real-arithmetic form that traced (compiled) code runs is the same rotation
+    traced = torch.compile(apply_rope, backend="eager", fullgraph=True)
+    assert torch.allclose(traced(x, rot), y, atol=1e-6)
     # positions are absolute latent frames, so q·k depends on the frame distance alone
     q, k = apply_rope(x, rope.for_chunk(6)), apply_rope(x, rope.for_chunk(3))
     q2, k2 = apply_rope(x, rope.for_chunk(16)), apply_rope(x, rope.for_chunk(13))
