@@ -86,7 +86,26 @@ def shm_names(prefix: str) -> set[str]:
         return set()
 
 
-class RssSampler:
+class _Poller:
+    """A daemon thread running ``_run`` between ``__enter__`` and ``__exit__`` (``_stop`` ends it)."""
+
+    def _start_thread(self, name: str) -> None:
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *_):
+        self._stop.set()
+        self._t.join(5)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class RssSampler(_Poller):
     """Samples VmRSS of named process groups every ``period_s``; ``mark(label)`` starts a new
     phase, and ``peaks[label][name]`` is the largest sum seen for that group in that phase."""
 
@@ -96,16 +115,7 @@ class RssSampler:
         self.period_s = period_s
         self.peaks: dict[str, dict[str, int]] = {}
         self._label = "start"
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
-
-    def __enter__(self):
-        self._t.start()
-        return self
-
-    def __exit__(self, *_):
-        self._stop.set()
-        self._t.join(5)
+        self._start_thread("rss-sampler")
 
     def mark(self, label: str) -> None:
         self._sample()  # close the previous phase with a fresh sample
@@ -124,7 +134,7 @@ class RssSampler:
             self._sample()
 
 
-class DeathWatch:
+class DeathWatch(_Poller):
     """Records when each worker process of ``parent`` (as found while watching) stops running,
     to time how long a crash takes to surface as an error."""
 
@@ -136,16 +146,7 @@ class DeathWatch:
         # workers that existed before the watch belong to someone else (e.g. another topology of this process)
         self.before = set(self.seen) if exclude_existing else set()
         self.deaths: dict[int, int] = {}  # pid → monotonic ns it was first seen dead
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, name="death-watch", daemon=True)
-
-    def __enter__(self):
-        self._t.start()
-        return self
-
-    def __exit__(self, *_):
-        self._stop.set()
-        self._t.join(5)
+        self._start_thread("death-watch")
 
     @property
     def ours(self) -> set[int]:

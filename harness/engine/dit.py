@@ -204,13 +204,13 @@ def layer_norm32(x: Tensor, eps: float, norm: nn.LayerNorm | None = None) -> Ten
     return F.layer_norm(x, (x.shape[-1],), w, b, eps)
 
 
-class SelfAttention(nn.Module):
-    """q/k/v keep their checkpoint names, but after ``fuse_qkv_`` they are views into one
-    (3·dim, dim) weight, so the forward is a single GEMM and no memory is duplicated."""
+class _Attention(nn.Module):
+    """The projections both attentions share, under the checkpoint's names (q, k, v, o, norm_q,
+    norm_k). ``layer`` picks the KV pool / text K/V; it is read only outside compiled code."""
 
     def __init__(self, dim: int, heads: int, eps: float, dtype: torch.dtype, layer: int = 0):
         super().__init__()
-        self.layer = layer  # which KV pool; read only outside compiled code (see attend_cache)
+        self.layer = layer
         self.dim, self.heads, self.head_dim = dim, heads, dim // heads
         self.q = nn.Linear(dim, dim, dtype=dtype)
         self.k = nn.Linear(dim, dim, dtype=dtype)
@@ -218,6 +218,14 @@ class SelfAttention(nn.Module):
         self.o = nn.Linear(dim, dim, dtype=dtype)
         self.norm_q = RMSNorm(dim, eps, dtype)
         self.norm_k = RMSNorm(dim, eps, dtype)
+
+
+class SelfAttention(_Attention):
+    """q/k/v keep their checkpoint names, but after ``fuse_qkv_`` they are views into one
+    (3·dim, dim) weight, so the forward is a single GEMM and no memory is duplicated."""
+
+    def __init__(self, dim: int, heads: int, eps: float, dtype: torch.dtype, layer: int = 0):
+        super().__init__(dim, heads, eps, dtype, layer)
         self._qkv_w: Tensor | None = None  # deliberately unregistered: module moves must not split it
         self._qkv_b: Tensor | None = None
 
@@ -241,18 +249,7 @@ class SelfAttention(nn.Module):
         return self.o(attend_cache(self, q, k, v.view(n, h, d), ctx).reshape(n, self.dim))
 
 
-class CrossAttention(nn.Module):
-    def __init__(self, dim: int, heads: int, eps: float, dtype: torch.dtype, layer: int = 0):
-        super().__init__()
-        self.layer = layer  # which text K/V; read only outside compiled code
-        self.dim, self.heads, self.head_dim = dim, heads, dim // heads
-        self.q = nn.Linear(dim, dim, dtype=dtype)
-        self.k = nn.Linear(dim, dim, dtype=dtype)
-        self.v = nn.Linear(dim, dim, dtype=dtype)
-        self.o = nn.Linear(dim, dim, dtype=dtype)
-        self.norm_q = RMSNorm(dim, eps, dtype)
-        self.norm_k = RMSNorm(dim, eps, dtype)
-
+class CrossAttention(_Attention):
     def text_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
         """K/V of the embedded text (L, dim), all heads: (1, H, L, D) each, once per session."""
         n, h, d = context.shape[0], self.heads, self.head_dim
