@@ -215,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp = sub.add_parser("report", help="report.md with tables and PNG plots for one or more run directories")
     rp.add_argument("runs", nargs="+", metavar="RUN_DIR")
     rp.add_argument("--out", help="where report.md and the plots go (default: the first run directory)")
+    rp.add_argument("--against-production", action="store_true",
+                    help="add each run's table beside DESIGN §12's production figures, with ratios")
+    rp.add_argument("--bench", metavar="BENCH_JSON", help="bench-engine --json of the same preset on the same GPUs: "
+                    "FLOPs and peaks for the MFU rows (implies --against-production)")
     rp.set_defaults(fn=_lazy("harness.measure.report", "main"))
 
     ca = sub.add_parser("candidates", help="list the optimisation candidates: id, gate, needs, conflicts, what they change")

@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# GPU measurements for docs/results: engine benchmarks and full-size serves on one or two GPUs.
+# GPU measurements for docs/results: engine benchmarks and full-size serves on one, two or four GPUs.
 # Usage: scripts/gpu_batch.sh OUT_DIR [STEP…]
-#   steps: probe bench1 bench1c bench2 bench2c bench704 bench704c mem served servee servee-shared compare report gate gputests h4 dit
-#          det replay
+#   steps: probe bench1 bench1c bench2 bench2c bench704 bench704c mem served servee servee-shared compare
+#          report gate bench4 serve4d serve4e report4 gputests h4 dit det replay
 # Environment: MODE (serve/bench mode), TAG (suffix of a repeated serve), SESSIONS, VARIANTS (dit),
 #   GATE_A / GATE_B / GATE_EXACT (gate between two run directories of this scratch folder),
-#   CAND / ROUNDS / LAYERS (compare: the candidate, rounds, DiT depth).
+#   CAND / ROUNDS / LAYERS (compare: the candidate, rounds, DiT depth),
+#   RES (480x832 or 704x1280: the 4-GPU steps bench4 serve4d serve4e report4 of the production topology).
 # Run directories go to a scratch folder (media and saved outputs are large); the small files
 # (summaries, events, manifests, logs, bench JSON) are packed into OUT_DIR/results.tgz.
 set -uo pipefail
 OUT=${1:?usage: gpu_batch.sh OUT_DIR [STEP...]}; shift
 STEPS=${*:-bench1 bench2 served servee}
 M=${MODE:-eager}; TAG=${TAG:-}  # serve steps: execution mode, and a suffix for repeated runs
+RES=${RES:-480x832}
 SCRATCH=${SCRATCH:-/tmp/harness-gpu}
 mkdir -p "$OUT" "$SCRATCH"
 export PYTHONUNBUFFERED=1
@@ -33,6 +35,10 @@ for s in $STEPS; do
     servee-shared) step serve-480-e-shared-$M$TAG $H serve --preset lingbot-480x832 --device cuda --mode $M --sessions "${SESSIONS:-2}" --scheduler case-e --out "$SCRATCH/serve-480-e-shared-$M$TAG" --no-progress ;;
     bench2c)  step bench-480-sp2-compiled $H bench-engine --preset lingbot-480x832 --device cuda --sp 2 --vae-ranks 2 --mode "${MODE:-compiled}" --json "$SCRATCH/bench-480-sp2-compiled.json" ;;
     compare)  step compare-$CAND $H compare --preset lingbot-480x832 --device cuda --candidate "$CAND" --rounds "${ROUNDS:-1}" --sessions "${SESSIONS:-2}" --set model.num_layers="${LAYERS:-40}" --out "$SCRATCH/compare-$CAND" --no-progress ;;
+    bench4)   step bench-$RES-sp4-compiled $H bench-engine --preset lingbot-$RES --device cuda --sp 4 --vae-ranks 4 --mode compiled --json "$SCRATCH/bench-$RES-sp4-compiled.json" ;;
+    serve4d)  step serve-$RES-sp4-d-compiled $H serve --preset lingbot-$RES --device cuda --mode compiled --sp 4 --vae-ranks 4 --sessions "${SESSIONS:-6}" --scheduler case-d --out "$SCRATCH/serve-$RES-sp4-d-compiled" --no-progress ;;
+    serve4e)  step serve-$RES-sp4-e-compiled $H serve --preset lingbot-$RES --device cuda --mode compiled --sp 4 --vae-ranks 4 --sessions "${SESSIONS:-6}" --scheduler case-e --out "$SCRATCH/serve-$RES-sp4-e-compiled" --no-progress ;;
+    report4)  step report-$RES-sp4 $H report "$SCRATCH/serve-$RES-sp4-d-compiled" "$SCRATCH/serve-$RES-sp4-e-compiled" --bench "$SCRATCH/bench-$RES-sp4-compiled.json" --out "$SCRATCH/report-$RES-sp4" ;;
     report)   step report $H report $(ls -d "$SCRATCH"/serve-*/ 2>/dev/null) --out "$SCRATCH/report" ;;
     gate)     step "gate-$GATE_A-vs-$GATE_B" $H gate "$SCRATCH/$GATE_A" "$SCRATCH/$GATE_B" ${GATE_EXACT:+--exact} --json "$SCRATCH/gate-$GATE_A-vs-$GATE_B.json" ;;
     gputests) step gpu-tests python3 -m pytest -q -p no:cacheprovider tests/candidates/test_h4a_fused_output.py tests/candidates/test_h4b_pinned_d2h.py tests/hooks/test_hooks_cuda.py ;;

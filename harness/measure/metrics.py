@@ -354,6 +354,46 @@ def handoffs(
     return Selection("handoff", tuple(samples), len(keys) * len(window.chunks), missing, 0, n_cancelled)
 
 
+#: Spans of a chunk during which some GPU works for it: the DiT, and decode → uint8 → D2H.
+BUSY_SPANS: tuple[tuple[str, str], ...] = (("dit_start", "dit_end"), ("decode_start", "cpu_ready"))
+
+
+def uncovered_ns(lo: int, hi: int, spans: Iterable[tuple[int, int]]) -> int:
+    """Length of (lo, hi] not covered by any of ``spans`` (overlapping spans count once)."""
+    clipped = sorted((max(a, lo), min(b, hi)) for a, b in spans if b > lo and a < hi)
+    covered, end = 0, lo
+    for a, b in clipped:
+        if b > end:
+            covered += b - max(a, end)
+            end = b
+    return (hi - lo) - covered
+
+
+def all_gpu_idle(
+    events: Sequence[ChunkEvent],
+    window: Window = DEFAULT_WINDOW,
+    sessions: Sequence[SessionStart] = (),
+) -> Selection:
+    """Per steady interval (cpu_ready(i−1), cpu_ready(i)], the time in which no chunk of the
+    session had GPU work in flight (``BUSY_SPANS``, host-observed boundaries: a span opens when
+    the host starts the work and closes after it synchronised). With SP and VAE ranks sharing the
+    GPUs (DESIGN §12's "all 4 GPUs idle at once") this is when every GPU waits on the host."""
+    table = session_table(events)
+    keys, n_cancelled = _measured(table, sessions, window)
+    samples, missing = [], 0
+    for k in keys:
+        chunks = table.get(k, {})
+        spans = [(getattr(e, a), getattr(e, b)) for e in chunks.values() for a, b in BUSY_SPANS
+                 if getattr(e, a) is not None and getattr(e, b) is not None]
+        for i in window.chunks:
+            cur, prev = chunks.get(i), chunks.get(i - 1)
+            if cur is None or prev is None or cur.cpu_ready is None or prev.cpu_ready is None:
+                missing += 1
+                continue
+            samples.append(Sample(k[0], k[1], i, uncovered_ns(prev.cpu_ready, cur.cpu_ready, spans)))
+    return Selection("all_gpu_idle", tuple(samples), len(keys) * len(window.chunks), missing, 0, n_cancelled)
+
+
 def stage_durations(event: ChunkEvent) -> dict[str, int]:
     """Duration of every segment whose two boundaries this chunk recorded."""
     out = {}

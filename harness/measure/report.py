@@ -397,11 +397,33 @@ def run_section(view: RunView, label: str) -> list[str]:
     return lines
 
 
-def render_md(views: Sequence[RunView], plots: Sequence[Path], out: Path) -> str:
+def production_section(view: RunView, bench: dict | None) -> list[str]:
+    """The run beside DESIGN §12 (``measure.production``), resolution and ranks from its manifest."""
+    from harness.measure import production as P
+
+    cfg = view.manifest.get("config", {})
+    video, parallel = cfg.get("video", {}), cfg.get("parallel", {})
+    res = (video.get("height"), video.get("width"))
+    head = ["### against the production figures (DESIGN §12)", ""]
+    if res not in P.PRODUCTION:
+        return head + [f"No production figures for {res[0]}×{res[1]} (DESIGN §12 has 480×832 and 704×1280).", ""]
+    if bench is not None and bench.get("preset") != cfg.get("name"):
+        return head + [f"--bench is for {bench.get('preset')!r}, this run is {cfg.get('name')!r}: MFU not computed.", ""]
+    rows = P.production_rows(view.summary, view.events, view.sessions, view.window, res, parallel, bench)
+    setup = (f"This run: SP={parallel.get('sp')}, VAE ranks={parallel.get('vae_ranks')}, mode "
+             f"{cfg.get('runtime', {}).get('mode')}, {view.label}. Production: 4 GPUs, SP=4 + 4 VAE ranks sharing "
+             "them, compiled, Case D.")
+    return head + [setup, ""] + P.render_rows(rows, res) + [""]
+
+
+def render_md(views: Sequence[RunView], plots: Sequence[Path], out: Path, production: bool = False,
+              bench: dict | None = None) -> str:
     labels = unique_labels(views)
     lines = ["# harness report", "", "Runs: " + ", ".join(f"**{l}**" for l in labels), ""]
     for v, l in zip(views, labels):
         lines += run_section(v, l)
+        if production:
+            lines += production_section(v, bench)
     lines += ["## plots", ""]
     titles = {
         "intervals_hist.png": "Steady delivery intervals per boundary",
@@ -416,7 +438,8 @@ def render_md(views: Sequence[RunView], plots: Sequence[Path], out: Path) -> str
     return "\n".join(lines)
 
 
-def write_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) -> Path:
+def write_report(run_dirs: Sequence[str | Path], out: str | Path | None = None, production: bool = False,
+                 bench: dict | None = None) -> Path:
     """Render the plots and ``report.md`` (in ``out``, default the first run directory); returns its path."""
     if not run_dirs:
         raise ValueError("report needs at least one run directory")
@@ -425,7 +448,7 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path | None = None) 
     plots = render_plots(views, out)
     path = out / "report.md"
     tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(render_md(views, plots, out))
+    tmp.write_text(render_md(views, plots, out, production, bench))
     tmp.replace(path)
     return path
 
@@ -434,7 +457,10 @@ def main(args) -> int:
     from harness.errors import HarnessError
 
     try:
-        path = write_report(args.runs, args.out)
+        bench = json.loads(Path(args.bench).read_text()) if args.bench else None
+        if bench is not None and not {"flops", "peak_bf16_tflops", "peak_tf32_tflops"} <= set(bench):
+            raise HarnessError(f"{args.bench} is not a GPU bench-engine --json result (no FLOPs or measured peaks)")
+        path = write_report(args.runs, args.out, args.against_production or bench is not None, bench)
     except (OSError, ValueError) as e:  # msgspec decode errors are ValueErrors too
         raise HarnessError(str(e).splitlines()[0]) from None
     print(f"wrote {path}")

@@ -86,3 +86,58 @@ def test_figure_data(event_tables):
     assert dit0.start_ms == pytest.approx(10 + 1) and dit0.dur_ms == pytest.approx(40)
     ttfc = R.ttfc_by_boundary(events, starts, M.DEFAULT_WINDOW)
     assert list(ttfc) == list(M.boundaries_seen(events)) and ttfc["submit"][0] == pytest.approx(10)
+
+
+def test_all_gpu_idle_counts_the_time_no_chunk_has_gpu_work(event_tables):
+    assert M.uncovered_ns(0, 100, []) == 100
+    assert M.uncovered_ns(0, 100, [(10, 30), (20, 40), (90, 200), (-50, 5)]) == 100 - 5 - 30 - 10
+    events, starts = event_tables.table({})
+    sel = M.all_gpu_idle(events, M.DEFAULT_WINDOW, starts)
+    n = event_tables.NOMINAL
+    # Case D: between two cpu_ready, the GPUs wait for the driver's gap and the hops around the DiT
+    idle = event_tables.GAP + n["dit_queue"] + n["latent_ipc"] + n["decode_wait"] + n["decode_queue"]
+    assert len(sel.samples) == sel.expected == 3 * 4  # 3 measured sessions × chunks 5-8
+    assert {s.ns for s in sel.samples} == {idle * event_tables.MS}
+
+
+def test_report_against_production(tmp_path, event_tables, capsys):
+    import json
+
+    import msgspec
+
+    from harness.measure import production as P
+
+    events, starts = event_tables.table({})
+    events = [msgspec.structs.replace(e, gpu_ms={"dit": 40.0, "decode": 30.0}) for e in events]
+    d = tmp_path / "run"
+    d.mkdir()
+    write_events(d / "events.jsonl", events)
+    write_sessions(d / "sessions.jsonl", starts)
+    cfg = {"name": "lingbot-480x832", "video": {"height": 480, "width": 832},
+           "parallel": {"sp": 4, "vae_ranks": 4}, "runtime": {"mode": "compiled"}}
+    (d / "manifest.json").write_text(json.dumps({"scheduler": "case-d", "config": cfg}))
+    bench = {"preset": "lingbot-480x832", "flops": {"dit_flops": 4e14, "vae_conv_flops": 1.2e13},
+             "peak_bf16_tflops": 800.0, "peak_tf32_tflops": 400.0}
+    view = R.load_view(d)
+    rows = {r.label: r for r in P.production_rows(view.summary, view.events, view.sessions, view.window, (480, 832),
+                                                  cfg["parallel"], bench)}
+    dit = rows["DiT per chunk (ms)"]
+    assert dit.ours == pytest.approx(40) and dit.ratio == pytest.approx(40 / 678) and dit.advantage == pytest.approx(678 / 40)
+    mfu = rows["DiT MFU (bf16 dense)"]
+    assert mfu.ours == pytest.approx(4e14 / 0.040 / (800e12 * 4))  # FLOPs / GPU time / (peak × SP ranks)
+    assert mfu.advantage == pytest.approx(mfu.ours / 0.49)
+    assert rows["VAE decode MFU (TF32 dense)"].ours == pytest.approx(1.2e13 / 0.030 / (400e12 * 4))
+    assert rows["handoff cpu_ready → next dit_start (ms)"].ours == pytest.approx(event_tables.GAP + 1)
+    seg = event_tables.NOMINAL
+    assert rows["VAE segment per chunk, latent_ready → cpu_ready (ms)"].ours == pytest.approx(
+        sum(seg[k] for k in ("decode_wait", "decode_queue", "decode", "convert", "d2h")))
+    fps = rows["steady FPS @ cpu_ready"]
+    assert fps.production.lo == 14.4 and fps.advantage == pytest.approx(fps.ours / 14.5)
+    # through the CLI: the table lands in report.md; a file that is not a GPU bench result is refused
+    (tmp_path / "bench.json").write_text(json.dumps(bench))
+    assert main(["report", str(d), "--bench", str(tmp_path / "bench.json"), "--out", str(tmp_path / "rep")]) == 0
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "against the production figures" in md and "| DiT per chunk (ms) | 40.0 | 678.0 | 0.059 | 16.95× |" in md
+    (tmp_path / "cpu.json").write_text(json.dumps({"preset": "tiny", "flops": {}}))
+    assert main(["report", str(d), "--bench", str(tmp_path / "cpu.json")]) != 0
+    assert "not a GPU bench-engine" in capsys.readouterr().err
