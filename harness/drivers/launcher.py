@@ -9,6 +9,7 @@ noticed through its process sentinel, not through a timeout, so the error names 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
@@ -61,6 +62,27 @@ def placement(cfg: HarnessConfig, device: str) -> dict[str, list[str]]:
     if len(dit) != sp or len(vae) != m:
         raise HarnessError("parallel.dit_devices / vae_devices must list one GPU per rank")
     return {"dit": [f"cuda:{d}" for d in dit], "vae": [f"cuda:{d}" for d in vae]}
+
+
+def shared_gpus(places: dict[str, list[str]]) -> list[str]:
+    """GPUs that host both a DiT and a VAE rank (``placement``'s result)."""
+    return sorted(set(d for d in places["dit"] if d.startswith("cuda")) & set(places["vae"]))
+
+
+def mps_running(env: dict | None = None) -> bool:
+    """Whether a CUDA MPS control daemon is reachable (its pipe directory holds ``control``)."""
+    env = os.environ if env is None else env
+    return os.path.exists(os.path.join(env.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"), "control"))
+
+
+def sharing_warning(places: dict[str, list[str]], scheduler: str, mps: bool) -> str | None:
+    """Case E overlaps decode with the DiT; ranks of separate processes on one GPU cannot run at
+    the same time without MPS (the GPU time-slices between them), so there it overlaps nothing."""
+    shared = shared_gpus(places)
+    if scheduler != "case-e" or not shared or mps:
+        return None
+    return (f"note: DiT and VAE ranks share {', '.join(shared)} without CUDA MPS: their processes time-slice "
+            "the GPU, so Case E cannot overlap decode with the DiT there (start MPS, or use --vae-gpus)")
 
 
 def _entry(role: str) -> Callable:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ import msgspec
 
 from harness.config import HarnessConfig, VAE_TEMPORAL
 from harness.drivers.driver import Driver, SessionResult
-from harness.drivers.launcher import LocalLauncher
+from harness.drivers.launcher import LocalLauncher, mps_running, shared_gpus, sharing_warning
 from harness.drivers.rundir import manifest, new_run_dir, write_json, write_jsonl
 from harness.measure.events import ChunkEvent
 from harness.measure.metrics import Window, window_for
@@ -108,6 +109,11 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
         man["devices"] = sorted({p.ready.device_name for p in launcher.procs})
         man["applied_candidates"] = {p.name: p.ready.info.get("candidates", "") for p in launcher.procs if p.role != "encoder"}
         man["launcher"] = launcher.describe() if hasattr(launcher, "describe") else {"name": "local"}
+        places = {r: [p.ready.device for p in launcher.procs if p.role == r] for r in ("dit", "vae")}
+        mps = mps_running()
+        man["gpu_sharing"] = {"shared": shared_gpus(places), "mps": mps}
+        if note := sharing_warning(places, cfg.runtime.scheduler, mps):
+            print(note, file=sys.stderr)
         write_json(run_dir / "manifest.json", man)
         driver = Driver(cfg, launcher, run_dir, on_chunk=on_chunk)
         if opts.probes:
