@@ -275,7 +275,7 @@ def attend_cache(attn: SelfAttention, q: Tensor, k: Tensor, v: Tensor, ctx: Forw
     """Chunk q/k/v (n_local, H, D) → attention output (n_local, H, D) over cache + chunk."""
     layer = attn.layer
     if ctx.group.active:
-        q, k, v = seq_to_heads(torch.stack([q, k, v], dim=1), ctx.group).unbind(1)
+        q, k, v = seq_to_heads((q, k, v), ctx.group)
     ctx.cache.write(layer, ctx.kv, k, v)
     with hctx.phase(role="self_attention"):
         o = ctx.kv_fn(q, ctx.cache.k[layer], ctx.cache.v[layer], ctx.kv.visible_ids,

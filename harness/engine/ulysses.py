@@ -13,6 +13,8 @@ copy into a contiguous send buffer and the collective.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -25,16 +27,19 @@ def token_range(n_tokens: int, group: RankGroup) -> tuple[int, int]:
     return group.rank * n, (group.rank + 1) * n
 
 
-def seq_to_heads(x: Tensor, group: RankGroup) -> Tensor:
-    """(n_local, K, H, D) → (N, K, H/sp, D); K stacks tensors (q, k, v) sharing one collective."""
+def seq_to_heads(xs: Sequence[Tensor], group: RankGroup) -> list[Tensor]:
+    """Each (n_local, H, D) of ``xs`` (q, k, v) → (N, H/sp, D), all through one collective. Each
+    tensor is copied once, straight into its place in the send buffer (no stack, then permute)."""
     if not group.active:
-        return x
-    n, kk, h, d = x.shape
-    sp = group.size
-    send = x.view(n, kk, sp, h // sp, d).permute(2, 0, 1, 3, 4).contiguous()
+        return list(xs)
+    n, h, d = xs[0].shape
+    sp, kk = group.size, len(xs)
+    send = xs[0].new_empty(sp, n, kk, h // sp, d)
+    for i, x in enumerate(xs):
+        send[:, :, i].copy_(x.view(n, sp, h // sp, d).transpose(0, 1))
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group.group)
-    return recv.view(sp * n, kk, h // sp, d)
+    return list(recv.view(sp * n, kk, h // sp, d).unbind(1))
 
 
 def heads_to_seq(x: Tensor, group: RankGroup) -> Tensor:
