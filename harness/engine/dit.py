@@ -6,13 +6,13 @@ Module and parameter names are the checkpoint's (DESIGN §2), so real weights lo
 * one call denoises (or commits) one chunk of F latent frames; self-attention sees the session's
   paged KV cache (sink + recent frames + this chunk), whose K is stored RoPE-rotated at absolute
   latent-frame positions;
-* under Ulysses SP each rank holds a contiguous slice of the chunk's tokens, and attention runs on
-  all tokens of the rank's heads between two all-to-alls;
+* under Ulysses SP each rank holds a contiguous slice of the chunk's tokens, and self-attention
+  runs on all tokens of the rank's heads between two all-to-alls;
 * modulation comes from one timestep per latent frame and is broadcast over that frame's tokens;
 * the text K/V of cross-attention are computed once per session (``text_kv``), for all heads:
   cross-attention runs on the rank's own tokens with every head, with no all-to-all (the text is
-  short, so holding all of its K/V on every rank costs ≈ 0.4 GB at full size, and it saves two
-  of the six token-sized all-to-alls of a block under SP).
+  short, so holding all of its K/V on every rank costs ≈ 0.4 GB at full size, and under SP it
+  saves two of a block's four all-to-alls, a third of their traffic).
 
 Numerics follow Wan's: parameters and GEMM inputs/outputs are in the runtime dtype (bf16 on GPU,
 fp32 for the tiny CPU preset), but the residual stream, every norm, the modulation, RoPE and the
