@@ -198,6 +198,20 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--json", help="also write the result to this JSON file")
     be.set_defaults(fn=_lazy("harness.experiments.bench_engine", "main"))
 
+    ab = sub.add_parser("ab-engine", help="A/B of a DiT-engine candidate (H1a, H1b, H2a) inside one engine: "
+                        "gate, steady-chunk ratio with a 95 %% interval, A/A floor")
+    ab.add_argument("--candidate", action="append", default=[], metavar="ID", help="candidate under test (repeatable)")
+    ab.add_argument("--preset", default="tiny")
+    ab.add_argument("--config")
+    ab.add_argument("--sp", type=int)
+    ab.add_argument("--device", choices=["cpu", "cuda"])
+    ab.add_argument("--mode", choices=["eager", "compiled", "deterministic"])
+    ab.add_argument("--pairs", type=int, default=4, help="session pairs, A and B with the same seed (default 4; ≥ 4 for an A/A floor)")
+    ab.add_argument("--chunks", type=int, help="chunks per session (default: the preset's session length)")
+    ab.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override one config field (repeatable)")
+    ab.add_argument("--json", help="also write the result to this JSON file")
+    ab.set_defaults(fn=_lazy("harness.experiments.engine_ab", "main"))
+
     gt = sub.add_parser("gate", help="numeric gate between two runs' saved outputs (exit 0 only on pass)")
     gt.add_argument("run_a")
     gt.add_argument("run_b")

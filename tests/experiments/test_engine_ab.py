@@ -1,0 +1,61 @@
+"""``ab-engine``: a DiT-engine candidate A/B'd inside one engine (tiny preset, CPU/gloo), gate
+first, then the steady-chunk ratio against an A/A floor; pipeline candidates are refused."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from harness.cli import main
+from harness.experiments import engine_ab as E
+
+
+def test_h2a_over_two_sp_ranks_passes_its_exact_gate(tmp_path):
+    out = tmp_path / "ab.json"
+    assert main(["ab-engine", "--candidate", "H2a", "--sp", "2", "--pairs", "2", "--chunks", "7", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["order"] == "A B B A" and res["sp"] == 2
+    assert res["gate"] == {"kind": "exact", "passed": True, "compared": 14, "failed": []}
+    assert [len(s) for s in res["chunk_ms"]["A"] + res["chunk_ms"]["B"]] == [7] * 4
+    # two pairs give no A/A floor, so nothing is claimed either way
+    assert res["verdict"] == "no resolvable difference" and "A/A" in res["reason"]
+    assert res["ratio"]["low"] <= res["ratio"]["value"] <= res["ratio"]["high"]
+
+
+def test_h1a_switches_the_kv_path_and_passes_the_threshold_gate(tmp_path):
+    out = tmp_path / "ab.json"
+    assert main(["ab-engine", "--candidate", "H1a", "--sp", "1", "--pairs", "1", "--chunks", "7", "--json", str(out)]) == 0
+    g = json.loads(out.read_text())["gate"]
+    assert g["kind"] == "threshold" and g["passed"] and g["compared"] == 7
+    assert g["worst_rel_l2"] < 1e-4  # the paged path reads the same K/V, summed in another order
+
+
+@pytest.mark.parametrize("argv, why", [
+    (["--candidate", "H5a"], "changes runtime.scheduler, not just the DiT engine: use compare"),
+    (["--candidate", "H3a"], "changes the VAE: use compare"),
+    (["--candidate", "H2a", "--chunks", "5"], "need more than 5 chunks"),
+    (["--candidate", "H2a", "--pairs", "0"], "--pairs and --chunks must be"),
+    ([], "needs --candidate"),
+])
+def test_refusals_are_one_line_and_run_nothing(argv, why, capsys):
+    assert main(["ab-engine", "--sp", "1", *argv]) == 2
+    err = capsys.readouterr().err
+    assert why in err and "Traceback" not in err
+
+
+def test_gate_and_judgement():
+    same = [[b"\x00" * 8, b"\x01" * 8]]
+    assert E.gate_pairs("exact", same, same, (2,))["passed"]
+    g = E.gate_pairs("exact", same, [[b"\x00" * 8, b"\x02" * 8]], (2,))
+    assert not g["passed"] and g["failed"] == ["pair 0 chunk 1"]
+    a = np.float32([1, 2]).tobytes()
+    assert not E.gate_pairs("threshold", [[a]], [[np.float32([1, 2.5]).tobytes()]], (2,))["passed"]
+    assert E.arm_order(3) == ["A", "B", "B", "A", "A", "B"]
+    rng = np.random.default_rng(0)
+    base = [list(100 + rng.normal(0, 0.5, 8)) for _ in range(4)]
+    fast = [list(60 + rng.normal(0, 0.5, 8)) for _ in range(4)]
+    j = E.judge(base, fast, steady=5, gate_passed=True)
+    assert j["verdict"] == "faster" and j["ratio"]["high"] < 1 and j["aa"] is not None
+    assert E.judge(base, base, steady=5, gate_passed=True)["verdict"] == "no resolvable difference"
