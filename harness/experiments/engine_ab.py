@@ -2,7 +2,7 @@
 per rank.
 
 ``compare`` judges a candidate end to end, but relaunches the whole topology for every arm of
-every round (≈ 1.5 min per launch at full size before the first chunk is measured). A candidate
+every round (at full size about a minute of start-up and warm-up per launch). A candidate
 that only changes the DiT engine — a runtime switch the engine reads at each forward
 (``kv_path``, ``attention``: H1a, H1b) or an engine patch (H2a) — can be judged without any of
 that: one engine, weights initialised once, sessions alternating A B B A A B … with the same
