@@ -21,6 +21,7 @@ H="python3 -m harness"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv > "$SCRATCH/gpus.csv" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" > "$SCRATCH/versions.txt" 2>&1
 step() { local name=$1; shift; echo "=== $name: $*"; local t0=$SECONDS; timeout "${STEP_TIMEOUT:-420}" "$@" > "$SCRATCH/$name.log" 2>&1; echo "rc=$? ${name} $((SECONDS-t0))s" | tee -a "$SCRATCH/steps.txt"; tail -n 12 "$SCRATCH/$name.log"; }
+need() { for v in "$@"; do [ -n "${!v:-}" ] || { echo "step $s needs $v: skipped" | tee -a "$SCRATCH/steps.txt"; return 1; }; done; }
 for s in $STEPS; do
   case $s in
     probe)    step probe python3 -c "import torch, torch._inductor.config as c; print(torch.__version__, {k: getattr(c, k, 'absent') for k in ('emulate_precision_casts', 'keep_addmm_fused_for_half_dtypes', 'deterministic', 'pattern_matcher')})" ;;
@@ -34,14 +35,14 @@ for s in $STEPS; do
     servee)   step serve-480-e-separate-$M$TAG $H serve --preset lingbot-480x832 --device cuda --mode $M --sessions "${SESSIONS:-2}" --scheduler case-e --dit-gpus 0 --vae-gpus 1 --out "$SCRATCH/serve-480-e-separate-$M$TAG" --no-progress ;;
     servee-shared) step serve-480-e-shared-$M$TAG $H serve --preset lingbot-480x832 --device cuda --mode $M --sessions "${SESSIONS:-2}" --scheduler case-e --out "$SCRATCH/serve-480-e-shared-$M$TAG" --no-progress ;;
     bench2c)  step bench-480-sp2-compiled $H bench-engine --preset lingbot-480x832 --device cuda --sp 2 --vae-ranks 2 --mode "${MODE:-compiled}" --json "$SCRATCH/bench-480-sp2-compiled.json" ;;
-    compare)  step compare-$CAND $H compare --preset lingbot-480x832 --device cuda --candidate "$CAND" --rounds "${ROUNDS:-1}" --sessions "${SESSIONS:-2}" --set model.num_layers="${LAYERS:-40}" --out "$SCRATCH/compare-$CAND" --no-progress ;;
+    compare)  need CAND && step compare-$CAND $H compare --preset lingbot-480x832 --device cuda --candidate "$CAND" --rounds "${ROUNDS:-2}" --sessions "${SESSIONS:-3}" --set model.num_layers="${LAYERS:-40}" --out "$SCRATCH/compare-$CAND" --no-progress ;;
     bench4)   step bench-$RES-sp4-compiled $H bench-engine --preset lingbot-$RES --device cuda --sp 4 --vae-ranks 4 --mode compiled --json "$SCRATCH/bench-$RES-sp4-compiled.json" ;;
     serve4d)  step serve-$RES-sp4-d-compiled $H serve --preset lingbot-$RES --device cuda --mode compiled --sp 4 --vae-ranks 4 --sessions "${SESSIONS:-6}" --scheduler case-d --out "$SCRATCH/serve-$RES-sp4-d-compiled" --no-progress ;;
     serve4e)  step serve-$RES-sp4-e-compiled $H serve --preset lingbot-$RES --device cuda --mode compiled --sp 4 --vae-ranks 4 --sessions "${SESSIONS:-6}" --scheduler case-e --out "$SCRATCH/serve-$RES-sp4-e-compiled" --no-progress ;;
     report4)  step report-$RES-sp4 $H report "$SCRATCH/serve-$RES-sp4-d-compiled" "$SCRATCH/serve-$RES-sp4-e-compiled" --bench "$SCRATCH/bench-$RES-sp4-compiled.json" --out "$SCRATCH/report-$RES-sp4" ;;
-    abeng)    step ab-engine-$CAND $H ab-engine --preset lingbot-480x832 --device cuda --sp 1 --mode "${MODE:-compiled}" --candidate "$CAND" --pairs "${PAIRS:-4}" --chunks "${CHUNKS:-7}" --json "$SCRATCH/ab-engine-$CAND.json" ;;
+    abeng)    need CAND && step ab-engine-$CAND $H ab-engine --preset lingbot-480x832 --device cuda --sp 1 --mode "${MODE:-compiled}" --candidate "$CAND" --pairs "${PAIRS:-4}" --chunks "${CHUNKS:-7}" --json "$SCRATCH/ab-engine-$CAND.json" ;;
     report)   step report $H report $(ls -d "$SCRATCH"/serve-*/ 2>/dev/null) --out "$SCRATCH/report" ;;
-    gate)     step "gate-$GATE_A-vs-$GATE_B" $H gate "$SCRATCH/$GATE_A" "$SCRATCH/$GATE_B" ${GATE_EXACT:+--exact} --json "$SCRATCH/gate-$GATE_A-vs-$GATE_B.json" ;;
+    gate)     need GATE_A GATE_B && step "gate-$GATE_A-vs-$GATE_B" $H gate "$SCRATCH/$GATE_A" "$SCRATCH/$GATE_B" ${GATE_EXACT:+--exact} --json "$SCRATCH/gate-$GATE_A-vs-$GATE_B.json" ;;
     gputests) step gpu-tests python3 -m pytest -q -p no:cacheprovider tests/candidates/test_h4a_fused_output.py tests/candidates/test_h4b_pinned_d2h.py tests/hooks/test_hooks_cuda.py tests/engine/test_dit_cuda_nosync.py ;;
     h4)       step h4-output python3 -m harness.experiments.gpu_checks output --json "$SCRATCH/h4-output.json" ;;
     dit)      step dit-compiled python3 -m harness.experiments.gpu_checks dit --variants "${VARIANTS:-engine}" --json "$SCRATCH/dit-compiled.json" ;;

@@ -213,14 +213,13 @@ class LocalLauncher:
         return RankFailed(report)
 
     def _unreported_death(self, proc: Proc) -> bool:
-        """Killed by a signal, or exited non-zero without a WorkerError. A rank that reported its
-        own error exits 1 too, but it is a peer that noticed (or a second failure), not the cause."""
+        """Exited non-zero or by a signal without a WorkerError. A rank that reported its own error
+        exits too (1, or a signal from a collective's teardown), but it is a peer that noticed (or
+        a second failure), not the cause."""
         proc.process.join(timeout=1)  # the sentinel can be ready a moment before the exit status
         code = proc.process.exitcode
         if code is None or code == 0:
             return False
-        if code < 0:  # killed by a signal
-            return True
         try:
             while proc.conn.poll():
                 if isinstance(M.recv(proc.conn), M.WorkerError):

@@ -127,6 +127,7 @@ class DitEngine:
         self._seen_compiles: set[str] = set()
         self._recompiles: list[str] = []  # first line of each guard failure that caused one
         self.cudagraphs = False
+        self._cudagraph_skips_base = 0
         if self.mode != "eager" and not self.meta:
             self.compile(compile_mode)
 
@@ -177,6 +178,7 @@ class DitEngine:
         opts: dict = {"dynamic": False, "options": options}
         self.compile_options = {"mode": mode, **opts}
         self._compile_base = _dynamo_counts()
+        self._cudagraph_skips_base = _cudagraph_skips()
         self._note_compiles()
         self._recompiles, self._compiles_per_chunk = [], []
         self.model.compile_blocks(**opts)
@@ -198,6 +200,7 @@ class DitEngine:
         out["cudagraphs"] = self.cudagraphs
         if self.cudagraphs:
             out.update(_cudagraph_counts(self.device))
+            out["cudagraph_skips"] -= self._cudagraph_skips_base
         return out
 
     def _note_compiles(self) -> None:
@@ -347,9 +350,7 @@ class DitEngine:
 def _cudagraph_counts(device: torch.device) -> dict:
     """CUDA graphs recorded (nodes of inductor's cudagraph trees, internal API: None when it
     changed) and graphs inductor declined to record (``cudagraph_skips``: they run without)."""
-    from torch._dynamo.utils import counters
-
-    out = {"cudagraph_skips": counters["inductor"]["cudagraph_skips"], "cudagraphs_recorded": None}
+    out = {"cudagraph_skips": _cudagraph_skips(), "cudagraphs_recorded": None}
     try:
         from torch._inductor import cudagraph_trees as trees
 
@@ -364,6 +365,12 @@ def _cudagraph_counts(device: torch.device) -> dict:
     except Exception:  # noqa: BLE001 - a diagnostic only
         pass
     return out
+
+
+def _cudagraph_skips() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["cudagraph_skips"]
 
 
 def _dynamo_counts() -> dict[str, int]:

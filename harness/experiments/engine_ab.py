@@ -51,6 +51,9 @@ def engine_switches(specs: list[str], cfg: HarnessConfig) -> dict[str, str]:
     if others or changed - set(ENGINE_SWITCHES):
         what = ", ".join(others + sorted(f"runtime.{k}" for k in changed - set(ENGINE_SWITCHES)))
         raise HarnessError(f"{', '.join(specs)} change{'s' if len(specs) == 1 else ''} {what}, not just the DiT engine: use compare")
+    if not changed and not any(c.patch_dit for c, _ in resolved):
+        raise HarnessError(f"{', '.join(specs)} change{'s' if len(specs) == 1 else ''} nothing in this config "
+                           "(the baseline already has it): both arms would be the same")
     return {k: getattr(after.runtime, k) for k in sorted(changed)}
 
 
@@ -136,12 +139,14 @@ def judge(a: list[list[float]], b: list[list[float]], steady: int, gate_passed: 
     if not all(sa) or not all(sb):
         raise HarnessError(f"sessions need more than {steady} chunks for a steady (window-saturated) chunk")
     ab = S.ratio_of_medians(sa, sb, seed=seed)
+    # A sessions by position: the first-run A of each pair vs the second-run one, so any order
+    # effect lands in the floor (conservative)
     h1, h2 = S.split_alternating(sa)
     aa = S.ratio_of_medians(h1, h2, seed=seed) if min(len(h1), len(h2)) >= 2 else None
     v = S.ab_verdict(ab, aa, gate_passed)
     if aa is None and v.verdict in ("faster", "slower"):
         v = msgspec.structs.replace(v, verdict="no resolvable difference",
-                                    reason=f"no A/A noise floor (needs ≥ 4 pairs); {v.reason}")
+                                    reason=f"{v.reason.replace(' (no A/A noise floor)', '')}; no A/A noise floor: needs ≥ 4 pairs")
     return {"baseline_ms": statistics.median(x for s in sa for x in s),
             "candidate_ms": statistics.median(x for s in sb for x in s),
             "ratio": msgspec.to_builtins(ab), "aa": msgspec.to_builtins(aa) if aa else None,

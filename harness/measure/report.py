@@ -407,8 +407,10 @@ def production_section(view: RunView, bench: dict | None) -> list[str]:
     head = ["### against the production figures (DESIGN §12)", ""]
     if res not in P.PRODUCTION:
         return head + [f"No production figures for {res[0]}×{res[1]} (DESIGN §12 has 480×832 and 704×1280).", ""]
-    if bench is not None and bench.get("preset") != cfg.get("name"):
-        return head + [f"--bench is for {bench.get('preset')!r}, this run is {cfg.get('name')!r}: MFU not computed.", ""]
+    layers = cfg.get("model", {}).get("num_layers")
+    if bench is not None and (bench.get("preset"), bench.get("layers", layers)) != (cfg.get("name"), layers):
+        return head + [f"--bench is for {bench.get('preset')!r} with {bench.get('layers')} layers, this run is "
+                       f"{cfg.get('name')!r} with {layers}: its FLOPs do not apply, so no table.", ""]
     rows = P.production_rows(view.summary, view.events, view.sessions, view.window, res, parallel, bench)
     setup = (f"This run: SP={parallel.get('sp')}, VAE ranks={parallel.get('vae_ranks')}, mode "
              f"{cfg.get('runtime', {}).get('mode')}, {view.label}. Production: 4 GPUs, SP=4 + 4 VAE ranks sharing "

@@ -38,6 +38,7 @@ def test_h1a_switches_the_kv_path_and_passes_the_threshold_gate(tmp_path):
     (["--candidate", "H2a", "--chunks", "5"], "need more than 5 chunks"),
     (["--candidate", "H2a", "--pairs", "0"], "--pairs and --chunks must be"),
     ([], "needs --candidate"),
+    (["--candidate", "H1a", "--set", "runtime.kv_path=paged"], "changes nothing in this config"),
 ])
 def test_refusals_are_one_line_and_run_nothing(argv, why, capsys):
     assert main(["ab-engine", "--sp", "1", *argv]) == 2

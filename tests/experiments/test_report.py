@@ -138,6 +138,13 @@ def test_report_against_production(tmp_path, event_tables, capsys):
     assert main(["report", str(d), "--bench", str(tmp_path / "bench.json"), "--out", str(tmp_path / "rep")]) == 0
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "against the production figures" in md and "| DiT per chunk (ms) | 40.0 | 678.0 | 0.059 | 16.95× |" in md
+    # FLOPs of another depth (a --set model.num_layers run, say) must not make an MFU
+    cfg["model"] = {"num_layers": 4}
+    (d / "manifest.json").write_text(json.dumps({"scheduler": "case-d", "config": cfg}))
+    (tmp_path / "bench40.json").write_text(json.dumps({**bench, "layers": 40}))
+    assert main(["report", str(d), "--bench", str(tmp_path / "bench40.json"), "--out", str(tmp_path / "rep4")]) == 0
+    md = (tmp_path / "rep4" / "report.md").read_text()
+    assert "its FLOPs do not apply" in md and "| DiT MFU" not in md
     (tmp_path / "cpu.json").write_text(json.dumps({"preset": "tiny", "flops": {}}))
     assert main(["report", str(d), "--bench", str(tmp_path / "cpu.json")]) != 0
     assert "not a GPU bench-engine" in capsys.readouterr().err
