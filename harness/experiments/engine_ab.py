@@ -18,7 +18,6 @@ serving pipeline (VAE, output path, scheduler) is refused: use ``compare``.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
 
@@ -147,8 +146,8 @@ def judge(a: list[list[float]], b: list[list[float]], steady: int, gate_passed: 
     if aa is None and v.verdict in ("faster", "slower"):
         v = msgspec.structs.replace(v, verdict="no resolvable difference",
                                     reason=f"{v.reason.replace(' (no A/A noise floor)', '')}; no A/A noise floor: needs ≥ 4 pairs")
-    return {"baseline_ms": statistics.median(x for s in sa for x in s),
-            "candidate_ms": statistics.median(x for s in sb for x in s),
+    return {"baseline_ms": S.nearest_rank([x for s in sa for x in s], 50),  # the statistic the ratio uses
+            "candidate_ms": S.nearest_rank([x for s in sb for x in s], 50),
             "ratio": msgspec.to_builtins(ab), "aa": msgspec.to_builtins(aa) if aa else None,
             "noise_floor": v.noise_floor, "verdict": v.verdict, "reason": v.reason}
 
