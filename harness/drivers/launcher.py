@@ -99,8 +99,26 @@ def _run(role: str, spec: WorkerSpec, conn: Connection) -> None:  # spawn target
     _entry(role)(spec, conn)
 
 
+class Addressing:
+    """Sending to ranks by role, for a launcher whose ``procs`` carry ``role`` and ``conn``."""
+
+    def group(self, role: str) -> list:
+        return [p for p in self.procs if p.role == role]
+
+    def lead(self, role: str):
+        return self.group(role)[0]
+
+    def fanout(self, role: str, msg) -> None:
+        raw = M.encode(msg)
+        for p in self.group(role):
+            p.conn.send_bytes(raw)
+
+    def send(self, proc, msg) -> None:
+        proc.conn.send_bytes(M.encode(msg))
+
+
 @dataclass
-class LocalLauncher:
+class LocalLauncher(Addressing):
     cfg: HarnessConfig
     run_dir: str
     ring_spec: dict
@@ -140,21 +158,6 @@ class LocalLauncher:
                 if not isinstance(msg, M.Ready):
                     raise RankFailed(f"{proc.name} sent {type(msg).__name__} instead of Ready")
                 proc.ready = msg
-
-    # ---- addressing ----------------------------------------------------------------------
-    def group(self, role: str) -> list[Proc]:
-        return [p for p in self.procs if p.role == role]
-
-    def lead(self, role: str) -> Proc:
-        return self.group(role)[0]
-
-    def fanout(self, role: str, msg) -> None:
-        raw = M.encode(msg)
-        for p in self.group(role):
-            p.conn.send_bytes(raw)
-
-    def send(self, proc: Proc, msg) -> None:
-        proc.conn.send_bytes(M.encode(msg))
 
     # ---- receiving -----------------------------------------------------------------------
     def poll(self, timeout: float) -> list[tuple[Proc, object]]:

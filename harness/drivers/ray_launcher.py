@@ -39,7 +39,7 @@ from typing import Any
 import msgspec
 
 from harness.config import HarnessConfig
-from harness.drivers.launcher import RankFailed
+from harness.drivers.launcher import Addressing, RankFailed
 from harness.errors import HarnessError
 from harness.pipeline import messages as M
 from harness.workers.common import WorkerSpec, needs_world
@@ -85,7 +85,7 @@ class ActorProc:
 
 
 @dataclass
-class RayLauncher:
+class RayLauncher(Addressing):
     cfg: HarnessConfig
     run_dir: str
     ring_spec: dict
@@ -251,21 +251,6 @@ class RayLauncher:
                 conn.close()
                 continue
             p.conn = conn
-
-    # ---- addressing ---------------------------------------------------------------------------
-    def group(self, role: str) -> list[ActorProc]:
-        return [p for p in self.procs if p.role == role]
-
-    def lead(self, role: str) -> ActorProc:
-        return self.group(role)[0]
-
-    def fanout(self, role: str, msg) -> None:
-        raw = M.encode(msg)
-        for p in self.group(role):
-            p.conn.send_bytes(raw)
-
-    def send(self, proc: ActorProc, msg) -> None:
-        proc.conn.send_bytes(M.encode(msg))
 
     def describe(self) -> dict:
         return dict(self._describe)
