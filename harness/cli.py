@@ -44,8 +44,7 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ring-slots", type=int)
     g.add_argument("--dit-gpus", type=_gpu_list, help="GPU index per DiT rank, e.g. 0,1 (default: rank r on GPU r)")
     g.add_argument("--vae-gpus", type=_gpu_list, help="GPU index per VAE rank, e.g. 2,3 for separate placement")
-    g.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override one config field (repeatable), e.g. model.num_layers=4")
+    add_set_option(g)
     g.add_argument("--out", help="run directory (default runs/<run_id>)")
     g.add_argument("--no-progress", action="store_true")
 
@@ -57,11 +56,23 @@ def _gpu_list(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated GPU indices, got {text!r}") from None
 
 
-def resolve_config(args: argparse.Namespace):
-    from harness.config import apply_sets, load_config, load_preset, override
+def add_set_option(p) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override one config field (repeatable), e.g. model.num_layers=4")
+
+
+def base_config(args: argparse.Namespace):
+    """--config or --preset (default tiny), then the --set overrides."""
+    from harness.config import apply_sets, load_config, load_preset
 
     cfg = load_config(args.config) if args.config else load_preset(args.preset or "tiny")
-    cfg = apply_sets(cfg, getattr(args, "set", None) or [])
+    return apply_sets(cfg, getattr(args, "set", None) or [])
+
+
+def resolve_config(args: argparse.Namespace):
+    from harness.config import override
+
+    cfg = base_config(args)
     for name in ("sessions", "chunks", "sp", "vae_ranks", "ring_slots"):
         v = getattr(args, name, None)
         if v is not None and v < 1:
@@ -192,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="DiT execution mode; compiled modes run one unmeasured warm-up session first")
     be.add_argument("--chunks", type=int, default=None, help="chunks per DiT session (default: the preset's session length)")
     be.add_argument("--sessions", type=int, default=1, help="measured DiT sessions; memory is sampled after each (default 1)")
-    be.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override one config field (repeatable)")
+    add_set_option(be)
     be.add_argument("--peak-tflops", type=float, default=None, help="bf16 dense peak for MFU (default: measured on GPU)")
     be.add_argument("--flops-only", action="store_true", help="count FLOPs on the meta device and print one JSON line")
     be.add_argument("--json", help="also write the result to this JSON file")
@@ -208,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--mode", choices=["eager", "compiled", "deterministic"])
     ab.add_argument("--pairs", type=int, default=4, help="session pairs, A and B with the same seed (default 4; ≥ 4 for an A/A floor)")
     ab.add_argument("--chunks", type=int, help="chunks per session (default: the preset's session length)")
-    ab.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="override one config field (repeatable)")
+    add_set_option(ab)
     ab.add_argument("--json", help="also write the result to this JSON file")
     ab.set_defaults(fn=_lazy("harness.experiments.engine_ab", "main"))
 

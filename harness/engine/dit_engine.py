@@ -127,7 +127,6 @@ class DitEngine:
         self._seen_compiles: set[str] = set()
         self._recompiles: list[str] = []  # first line of each guard failure that caused one
         self.cudagraphs = False
-        self._cudagraph_skips_base = 0
         if self.mode != "eager" and not self.meta:
             self.compile(compile_mode)
 
@@ -178,7 +177,6 @@ class DitEngine:
         opts: dict = {"dynamic": False, "options": options}
         self.compile_options = {"mode": mode, **opts}
         self._compile_base = _dynamo_counts()
-        self._cudagraph_skips_base = _cudagraph_skips()
         self._note_compiles()
         self._recompiles, self._compiles_per_chunk = [], []
         self.model.compile_blocks(**opts)
@@ -199,8 +197,7 @@ class DitEngine:
         out["compiles_per_chunk"] = list(self._compiles_per_chunk)
         out["cudagraphs"] = self.cudagraphs
         if self.cudagraphs:
-            out.update(_cudagraph_counts(self.device))
-            out["cudagraph_skips"] -= self._cudagraph_skips_base
+            out["cudagraphs_recorded"] = _cudagraphs_recorded(self.device)
         return out
 
     def _note_compiles(self) -> None:
@@ -347,34 +344,28 @@ class DitEngine:
             h(event, info)
 
 
-def _cudagraph_counts(device: torch.device) -> dict:
-    """CUDA graphs recorded (nodes of inductor's cudagraph trees, internal API: None when it
-    changed) and graphs inductor declined to record (``cudagraph_skips``: they run without)."""
-    out = {"cudagraph_skips": _cudagraph_skips(), "cudagraphs_recorded": None}
+def _cudagraphs_recorded(device: torch.device) -> int | None:
+    """CUDA graphs recorded: nodes of inductor's cudagraph trees (internal API: None when it changed)."""
     try:
         from torch._inductor import cudagraph_trees as trees
 
         mgr = trees.get_manager(device.index or 0, create_if_none_exists=False)
-        if mgr is not None:
-            n, todo = 0, [node for nodes in mgr.roots.values() for node in nodes]
-            while todo:
-                node = todo.pop()
-                n += 1
-                todo.extend(c for cs in node.children.values() for c in cs)
-            out["cudagraphs_recorded"] = n
+        if mgr is None:
+            return 0
+        n, todo = 0, [node for nodes in mgr.roots.values() for node in nodes]
+        while todo:
+            node = todo.pop()
+            n += 1
+            todo.extend(c for cs in node.children.values() for c in cs)
+        return n
     except Exception:  # noqa: BLE001 - a diagnostic only
-        pass
-    return out
-
-
-def _cudagraph_skips() -> int:
-    from torch._dynamo.utils import counters
-
-    return counters["inductor"]["cudagraph_skips"]
+        return None
 
 
 def _dynamo_counts() -> dict[str, int]:
     from torch._dynamo.utils import counters
 
+    # cudagraph_skips: graphs inductor declined to record as CUDA graphs (they run without)
     return {"frames": counters["frames"]["ok"], "graphs": counters["stats"]["unique_graphs"],
-            "graph_breaks": sum(counters["graph_break"].values())}
+            "graph_breaks": sum(counters["graph_break"].values()),
+            "cudagraph_skips": counters["inductor"]["cudagraph_skips"]}

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from harness.config import HarnessConfig, apply_sets, load_config, load_preset, override
+from harness.config import HarnessConfig, override
 from harness.errors import HarnessError
 from harness.engine.groups import RankGroup, run_ranks
 
@@ -103,12 +103,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, sessions: int = 1) -> dict:
-    """Chunk times of the first measured session; device memory and host RSS after every session
-    ends (flat over many sessions means nothing leaks per session). Compiled modes first run an
-    unmeasured session of 3 chunks: compilation in the first, CUDA-graph recording in the second."""
-    from harness.drivers.procwatch import rss_bytes
-    from harness.engine.dit_engine import DitEngine, SessionConditions
+def dit_engine_for(group: RankGroup, cfg: HarnessConfig):
+    """One rank's DiT engine and device; the deterministic mode's process flags go first."""
+    from harness.engine.dit_engine import DitEngine
 
     if cfg.runtime.mode == "deterministic":
         from harness.workers.common import set_deterministic
@@ -117,19 +114,39 @@ def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, sessions: int =
     device = _device_for(cfg, group.rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    eng = DitEngine(cfg, group=group, device=device, seed=cfg.runtime.seed)
+    return DitEngine(cfg, group=group, device=device, seed=cfg.runtime.seed), device
+
+
+def timed_session(eng, device: torch.device, actions: list[str], *, prompt: str, seed: int, chunks: int,
+                  on_latent=None) -> list[float]:
+    """Milliseconds of each chunk of one session, the device synchronised around each;
+    ``on_latent`` gets every chunk's latent after its time is taken."""
+    from harness.engine.conditions import SessionConditions
+
+    s = eng.start_session(SessionConditions(prompt=prompt, seed=seed))
+    times = []
+    for _ in range(chunks):
+        _sync(device)
+        t0 = time.perf_counter()
+        x = eng.generate_chunk(s, actions)
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+        if on_latent is not None:
+            on_latent(x)
+    eng.end_session(s)
+    return times
+
+
+def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, sessions: int = 1) -> dict:
+    """Chunk times of the first measured session; device memory and host RSS after every session
+    ends (flat over many sessions means nothing leaks per session). Compiled modes first run an
+    unmeasured session of 3 chunks: compilation in the first, CUDA-graph recording in the second."""
+    from harness.drivers.procwatch import rss_bytes
+
+    eng, device = dit_engine_for(group, cfg)
 
     def session(n: int, seed: int) -> list[float]:
-        s = eng.start_session(SessionConditions(prompt="bench", seed=seed, image_latent=None))
-        times = []
-        for _ in range(n):
-            _sync(device)
-            t0 = time.perf_counter()
-            eng.generate_chunk(s, ["W"] * cfg.video.frames_per_chunk)
-            _sync(device)
-            times.append((time.perf_counter() - t0) * 1e3)
-        eng.end_session(s)
-        return times
+        return timed_session(eng, device, ["W"] * cfg.video.frames_per_chunk, prompt="bench", seed=seed, chunks=n)
 
     out: dict = {}
     if cfg.runtime.mode != "eager":
@@ -258,9 +275,9 @@ def _print(res: dict) -> None:
 
 
 def main(args) -> int:
-    cfg = load_config(args.config) if args.config else load_preset(args.preset)
-    cfg = apply_sets(cfg, args.set)
-    cfg = override(cfg, parallel={"sp": args.sp, "vae_ranks": args.vae_ranks},
+    from harness.cli import base_config
+
+    cfg = override(base_config(args), parallel={"sp": args.sp, "vae_ranks": args.vae_ranks},
                    runtime={"device": args.device, "mode": args.mode})
     for name in ("chunks", "sessions"):
         if getattr(args, name) is not None and getattr(args, name) < 1:

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import msgspec
 import torch
 
 from harness import candidates as C
-from harness.config import HarnessConfig, apply_sets, load_config, load_preset, override
+from harness.config import HarnessConfig, override
 from harness.engine.groups import RankGroup, run_ranks
 from harness.errors import HarnessError
-from harness.experiments.bench_engine import _device_for, _sync, steady_chunk_index
+from harness.experiments.bench_engine import dit_engine_for, steady_chunk_index, timed_session
 from harness.experiments.compare import gate_kind
 from harness.measure import stats as S
 from harness.measure.gates import latent_metrics, latent_passes
@@ -62,19 +61,11 @@ def arm_order(pairs: int) -> list[str]:
     return [arm for p in range(pairs) for arm in (("A", "B") if p % 2 == 0 else ("B", "A"))]
 
 
-def _rank(group: RankGroup, cfg: HarnessConfig, specs: list[str], pairs: int, chunks: int) -> dict:
-    from harness.engine.conditions import SessionConditions
-    from harness.engine.dit_engine import DitEngine
-
-    if cfg.runtime.mode == "deterministic":
-        from harness.workers.common import set_deterministic
-
-        set_deterministic()
-    device = _device_for(cfg, group.rank)
-    eng = DitEngine(cfg, group=group, device=device, seed=cfg.runtime.seed)
-    switches = engine_switches(specs, cfg)
+def _rank(group: RankGroup, cfg: HarnessConfig, specs: list[str], switches: dict[str, str], pairs: int,
+          chunks: int) -> dict:
+    eng, device = dit_engine_for(group, cfg)
     base = {k: getattr(eng, k) for k in switches}
-
+    patches = [(c.patch_dit, arg) for c, arg in C.resolve(specs, cfg) if c.patch_dit is not None]
     actions = (["W", "", "D"] * cfg.video.frames_per_chunk)[: cfg.video.frames_per_chunk]
 
     def session(arm: str, seed: int, n: int) -> tuple[list[float], list[bytes]]:
@@ -82,18 +73,11 @@ def _rank(group: RankGroup, cfg: HarnessConfig, specs: list[str], pairs: int, ch
         if arm == "B":
             for k, v in switches.items():
                 setattr(eng, k, v)
-            reverts = [p(eng, arg) for c, arg in C.resolve(specs, cfg) if (p := c.patch_dit) is not None]
+            reverts = [patch(eng, arg) for patch, arg in patches]
         try:
-            s = eng.start_session(SessionConditions(prompt="ab-engine", seed=seed))
-            times, lat = [], []
-            for c in range(n):
-                _sync(device)
-                t0 = time.perf_counter()
-                x = eng.generate_chunk(s, actions)
-                _sync(device)
-                times.append((time.perf_counter() - t0) * 1e3)
-                lat.append(x.float().cpu().numpy().tobytes() if group.rank == 0 else b"")
-            eng.end_session(s)
+            lat: list[bytes] = []
+            keep = (lambda x: lat.append(x.float().cpu().numpy().tobytes())) if group.rank == 0 else None
+            times = timed_session(eng, device, actions, prompt="ab-engine", seed=seed, chunks=n, on_latent=keep)
             return times, lat
         finally:
             for r in reverts:
@@ -153,13 +137,13 @@ def judge(a: list[list[float]], b: list[list[float]], steady: int, gate_passed: 
 
 
 def run(cfg: HarnessConfig, specs: list[str], pairs: int, chunks: int) -> dict:
-    engine_switches(specs, cfg)  # refuse before anything starts
+    switches = engine_switches(specs, cfg)  # refuses before anything starts
     steady = steady_chunk_index(cfg)
     if chunks <= steady:
         raise HarnessError(f"--chunks {chunks}: sessions need more than {steady} chunks for a steady (window-saturated) chunk")
     kind = gate_kind([c.gate for c, _ in C.resolve(specs, cfg)])
     backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
-    res = run_ranks(_rank, cfg.parallel.sp, cfg, specs, pairs, chunks, backend=backend, timeout_s=3600)[0]
+    res = run_ranks(_rank, cfg.parallel.sp, cfg, specs, switches, pairs, chunks, backend=backend, timeout_s=3600)[0]
     shape = (16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)
     gate = gate_pairs(kind, res["latents"]["A"], res["latents"]["B"], shape)
     out = {"candidate": specs, "preset": cfg.name, "mode": cfg.runtime.mode, "sp": cfg.parallel.sp,
@@ -173,9 +157,9 @@ def run(cfg: HarnessConfig, specs: list[str], pairs: int, chunks: int) -> dict:
 
 
 def main(args) -> int:
-    cfg = load_config(args.config) if args.config else load_preset(args.preset)
-    cfg = apply_sets(cfg, args.set)
-    cfg = override(cfg, parallel={"sp": args.sp}, runtime={"device": args.device, "mode": args.mode})
+    from harness.cli import base_config
+
+    cfg = override(base_config(args), parallel={"sp": args.sp}, runtime={"device": args.device, "mode": args.mode})
     if args.pairs < 1 or (args.chunks is not None and args.chunks < 1):
         raise HarnessError("--pairs and --chunks must be ≥ 1")
     if not args.candidate:
