@@ -89,9 +89,9 @@ class TokenLayout:
             f0, k = self.start // self.tpf, self.n // self.tpf
             out = torch.addcmul(x.view(k, self.tpf, -1), y.view(k, self.tpf, -1), gate[f0 : f0 + k, None])
             return out.view(self.n, -1)
-        out = x.clone()
+        out = torch.empty_like(x)  # the segments tile the slice: every row is written once
         for f, a, b in self.segments:
-            out[a:b].addcmul_(y[a:b], gate[f])
+            torch.addcmul(x[a:b], y[a:b], gate[f], out=out[a:b])
         return out
 
 
