@@ -2,10 +2,11 @@
 # GPU measurements for docs/results: engine benchmarks and full-size serves on one, two or four GPUs.
 # Usage: scripts/gpu_batch.sh OUT_DIR [STEP…]
 #   steps: probe bench1 bench1c bench2 bench2c bench704 bench704c mem served servee servee-shared compare abeng
-#          report gate bench4 serve4d serve4e report4 gputests h4 dit det replay
+#          report gate bench4 serve4d serve4e report4 gputests h4 dit det colocate replay mps-on mps-off
 # Environment: MODE (serve/bench mode), TAG (suffix of a repeated serve), SESSIONS, VARIANTS (dit),
 #   GATE_A / GATE_B / GATE_EXACT (gate between two run directories of this scratch folder),
 #   CAND / ROUNDS / LAYERS (compare: the candidate, rounds, DiT depth), PAIRS / CHUNKS (abeng),
+#   EXTRA (more serve options for compare, e.g. "--dit-gpus 0 --vae-gpus 1"),
 #   RES (480x832 or 704x1280: the 4-GPU steps bench4 serve4d serve4e report4 of the production topology).
 # Run directories go to a scratch folder (media and saved outputs are large); the small files
 # (summaries, events, manifests, logs, bench JSON) are packed into OUT_DIR/results.tgz.
@@ -35,7 +36,7 @@ for s in $STEPS; do
     servee)   step serve-480-e-separate-$M$TAG $H serve --preset lingbot-480x832 --device cuda --mode $M --sessions "${SESSIONS:-2}" --scheduler case-e --dit-gpus 0 --vae-gpus 1 --out "$SCRATCH/serve-480-e-separate-$M$TAG" --no-progress ;;
     servee-shared) step serve-480-e-shared-$M$TAG $H serve --preset lingbot-480x832 --device cuda --mode $M --sessions "${SESSIONS:-2}" --scheduler case-e --out "$SCRATCH/serve-480-e-shared-$M$TAG" --no-progress ;;
     bench2c)  step bench-480-sp2-compiled $H bench-engine --preset lingbot-480x832 --device cuda --sp 2 --vae-ranks 2 --mode "${MODE:-compiled}" --json "$SCRATCH/bench-480-sp2-compiled.json" ;;
-    compare)  need CAND && step compare-$CAND $H compare --preset lingbot-480x832 --device cuda --candidate "$CAND" --rounds "${ROUNDS:-2}" --sessions "${SESSIONS:-3}" --set model.num_layers="${LAYERS:-40}" --out "$SCRATCH/compare-$CAND" --no-progress ;;
+    compare)  need CAND && step compare-$CAND$TAG $H compare --preset lingbot-480x832 --device cuda --mode $M --candidate "$CAND" --rounds "${ROUNDS:-2}" --sessions "${SESSIONS:-3}" --set model.num_layers="${LAYERS:-40}" ${EXTRA:-} --out "$SCRATCH/compare-$CAND$TAG" --no-progress ;;
     bench4)   step bench-$RES-sp4-compiled $H bench-engine --preset lingbot-$RES --device cuda --sp 4 --vae-ranks 4 --mode compiled --json "$SCRATCH/bench-$RES-sp4-compiled.json" ;;
     serve4d)  step serve-$RES-sp4-d-compiled $H serve --preset lingbot-$RES --device cuda --mode compiled --sp 4 --vae-ranks 4 --sessions "${SESSIONS:-6}" --scheduler case-d --out "$SCRATCH/serve-$RES-sp4-d-compiled" --no-progress ;;
     serve4e)  step serve-$RES-sp4-e-compiled $H serve --preset lingbot-$RES --device cuda --mode compiled --sp 4 --vae-ranks 4 --sessions "${SESSIONS:-6}" --scheduler case-e --out "$SCRATCH/serve-$RES-sp4-e-compiled" --no-progress ;;
@@ -47,6 +48,13 @@ for s in $STEPS; do
     h4)       step h4-output python3 -m harness.experiments.gpu_checks output --json "$SCRATCH/h4-output.json" ;;
     dit)      step dit-compiled python3 -m harness.experiments.gpu_checks dit --variants "${VARIANTS:-engine}" --json "$SCRATCH/dit-compiled.json" ;;
     det)      step determinism python3 -m harness.experiments.gpu_checks determinism --json "$SCRATCH/determinism.json" ;;
+    colocate) step colocate-$M python3 -m harness.experiments.gpu_checks colocate --mode $M --json "$SCRATCH/colocate-$M.json" ;;
+    # MPS lets the DiT's and the VAE's processes run kernels at once instead of time-slicing; the
+    # daemon lives under /tmp (the path serve's manifest checks) and is stopped by mps-off.
+    mps-on)   export CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps CUDA_MPS_LOG_DIRECTORY=/tmp/nvidia-mps-log
+              mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+              step mps-on nvidia-cuda-mps-control -d ;;
+    mps-off)  echo quit | nvidia-cuda-mps-control; echo "mps-off rc=$?" | tee -a "$SCRATCH/steps.txt" ;;
     replay)   step replay-480 python3 -m harness replay --synthetic lingbot-480x832 --device cuda --sp "${REPLAY_SP:-1,2}" --kv "${REPLAY_KV:-4680,14040,28080}" --repeats 10 --warmup 2 --out "$SCRATCH/replay-480" ;;
     *) echo "unknown step $s" ;;
   esac

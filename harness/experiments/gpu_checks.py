@@ -6,6 +6,8 @@
                                                                   # compiled vs eager DiT (+ H2a)
     python -m harness.experiments.gpu_checks determinism [--json F] [--chunks 3]
                                                                   # two launches of --mode deterministic
+    python -m harness.experiments.gpu_checks colocate [--json F] [--chunks 9] [--mode compiled]
+                                                                  # DiT + VAE decode in one process, two streams
 
 All on one GPU at the full 480×832 preset (SP 1, one VAE rank), random weights from a fixed seed.
 Times are host wall times around synchronised calls; "steady" chunks are those with a saturated
@@ -261,6 +263,81 @@ def check_dit(chunks: int = 7, compile_mode: str | None = None, h2a: bool = True
     return out
 
 
+# ---- DiT and VAE on one GPU: what true concurrency could buy Case E -----------------------------
+def check_colocate(chunks: int = 9, mode: str = "compiled") -> dict:
+    """The ceiling of Case E on a GPU the DiT and the VAE share.
+
+    Two processes without MPS time-slice the GPU, so Case E there cannot beat Case D (gpu-batch5).
+    This check asks what concurrency itself could buy: one process holds both engines; per chunk
+    it runs (serial) the DiT chunk then the decode of its latent, or (concurrent) the DiT chunk i
+    on a high-priority stream while a thread decodes chunk i−1 on a low-priority stream. The
+    steady per-chunk wall time of each, side by side in one process, bounds what any sharing
+    mechanism (MPS, streams) can reach when both workloads are compute-bound.
+    """
+    import threading
+
+    from harness.engine.conditions import SessionConditions
+    from harness.engine.dit_engine import DitEngine
+    from harness.engine.groups import RankGroup
+    from harness.engine.vae_engine import VaeEngine
+
+    dev = torch.device("cuda")
+    dit = DitEngine(_cfg(mode=mode), group=RankGroup.single(), device=dev, seed=0)
+    vae = VaeEngine(_cfg(), group=RankGroup.single(), device=dev, seed=0)
+    hi, lo = torch.cuda.Stream(priority=-1), torch.cuda.Stream(priority=0)
+
+    def run(concurrent: bool) -> tuple[list[float], list[np.ndarray]]:
+        sd = dit.start_session(SessionConditions(prompt="gpu check", seed=5))
+        sv = vae.start_session()
+        times, pixels, prev = [], [], None
+        for c in range(chunks + 1):  # the last round only drains the final decode
+            _sync()
+            t0 = time.perf_counter()
+            box: dict = {}
+
+            def decode(lat=prev) -> None:
+                with torch.cuda.stream(lo):
+                    box["f"] = vae.decode_chunk(sv, lat)
+                    lo.synchronize()
+
+            th = threading.Thread(target=decode) if concurrent and prev is not None else None
+            if th:
+                th.start()
+            x = None
+            if c < chunks:
+                with torch.cuda.stream(hi):
+                    x = dit.generate_chunk(sd, ACTIONS[c % len(ACTIONS)])
+                    hi.synchronize()
+            if th:
+                th.join()
+            elif prev is not None:
+                decode()
+            _sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+            if "f" in box:
+                pixels.append(box["f"].float().cpu().numpy())
+            prev = x
+        dit.end_session(sd)
+        vae.end_session(sv)
+        return times, pixels
+
+    out: dict = {"mode": mode, "chunks": chunks}
+    try:
+        run(False)  # warm-up: compilation, CUDA-graph recording, cuDNN plans
+        serial, p_serial = run(False)
+        conc, p_conc = run(True)
+    except Exception as e:  # noqa: BLE001 - report the failure as the check's result
+        return {**out, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    # round c of the serial run is decode(c−1) + DiT(c): the same work as round c of the concurrent run
+    steady = slice(6, chunks)
+    s_ms, c_ms = statistics.median(serial[steady]), statistics.median(conc[steady])
+    out.update({"serial_round_ms": [round(t, 1) for t in serial], "concurrent_round_ms": [round(t, 1) for t in conc],
+                "steady_serial_ms": round(s_ms, 1), "steady_concurrent_ms": round(c_ms, 1),
+                "concurrent_over_serial": round(c_ms / s_ms, 4),
+                "decoded_equal": all(np.array_equal(a, b) for a, b in zip(p_serial, p_conc))})
+    return out
+
+
 # ---- deterministic mode: two launches ----------------------------------------------------------
 def _dit_run(mode: str, chunks: int, save: str) -> None:
     """One launch (a fresh process): the session's latents to ``save`` (.npz)."""
@@ -300,19 +377,20 @@ def check_determinism(chunks: int = 3) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m harness.experiments.gpu_checks")
-    p.add_argument("check", choices=["output", "vae", "dit", "determinism", "dit-run"])
+    p.add_argument("check", choices=["output", "vae", "dit", "determinism", "colocate", "dit-run"])
     p.add_argument("--json", help="also write the report here")
     p.add_argument("--chunks", type=int)
     p.add_argument("--compile-mode", help="inductor mode for the compiled DiT/VAE (default: the engine's)")
     p.add_argument("--no-h2a", action="store_true")
     p.add_argument("--variants", default="engine", help=f"comma list of compiled variants: {', '.join(VARIANTS)}")
-    p.add_argument("--mode", default="deterministic")
+    p.add_argument("--mode", help="dit-run: deterministic (default) or eager; colocate: compiled (default) or eager")
     p.add_argument("--save")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_checks needs a CUDA device", file=sys.stderr)
         return 2
     if a.check == "dit-run":
+        a.mode = a.mode or "deterministic"
         if a.mode == "deterministic":
             from harness.workers.common import set_deterministic
 
@@ -326,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         report = check_vae(a.chunks or 6, a.compile_mode or "default")
     elif a.check == "dit":
         report = check_dit(a.chunks or 7, a.compile_mode, h2a=not a.no_h2a, variants=tuple(a.variants.split(",")))
+    elif a.check == "colocate":
+        report = check_colocate(a.chunks or 9, a.mode or "compiled")
     else:
         report = check_determinism(a.chunks or 3)
     report = {"check": a.check, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
