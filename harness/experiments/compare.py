@@ -286,6 +286,22 @@ def run_gate(a: RunMeta, b: RunMeta, candidate: Sequence[str]) -> GateRecord:
     return GateRecord(kind, "pass" if g.passed else "fail", g.verdict + note, "/".join(refs), a.dir, b.dir, g.n_compared, g.n_failed)
 
 
+#: Modes whose outputs repeat bit for bit from one launch to the next (DESIGN §5); compiled
+#: kernels (autotuning, cuBLAS workspaces) may differ between launches.
+REPEATABLE_MODES = ("eager", "deterministic")
+
+
+def refuse_unrepeatable_exact(candidate: Sequence[str], mode: str) -> None:
+    """An exact gate compares two launches byte for byte, which only a repeatable mode can pass;
+    refused before any GPU time is spent (a compiled run of H4a failed 80 of 80 files on this)."""
+    from harness.candidates import get, split_id
+
+    kind = gate_kind([get(split_id(s)[0]).gate for s in candidate])
+    if kind == "exact" and mode not in REPEATABLE_MODES:
+        raise HarnessError(f"{', '.join(candidate)} must pass an exact gate, but --mode {mode} is not bit-identical "
+                           f"across launches; use --mode deterministic (compiled, repeatable) or eager")
+
+
 # ---- timing --------------------------------------------------------------------------------
 
 #: per round, per session, the samples (ns) of one figure
@@ -578,6 +594,7 @@ def run_compare(
         raise HarnessError(f"{', '.join(both)} is both the candidate and in the baseline")
     a_specs, b_specs = tuple(baseline), tuple(baseline) + tuple(candidate)
     resolve(b_specs, cfg)  # unknown ids, conflicts, unmet needs: refused before anything launches
+    refuse_unrepeatable_exact(candidate, cfg.runtime.mode)
     if configure(a_specs, cfg) == configure(b_specs, cfg) and not _patches_engine(candidate):
         raise HarnessError(f"candidate {', '.join(candidate)} changes nothing on this config (already set by the "
                            f"options?); A and B would be the same run")

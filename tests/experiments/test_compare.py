@@ -100,12 +100,22 @@ def test_compare_refuses_before_launching(tmp_path, capsys):
         "unknown candidate": ["--candidate", "H9"],
         "both the candidate and in the baseline": ["--candidate", "H5a", "--baseline", "H5a"],
         "--rounds must be": ["--candidate", "H5a", "--rounds", "0"],
+        "not bit-identical across launches": ["--candidate", "H2a", "--mode", "compiled"],
     }
     for i, (msg, argv) in enumerate(cases.items()):
         out = tmp_path / f"c{i}"
         assert main(["compare", *argv, "--preset", "tiny", "--out", str(out)]) == 2
         assert msg in capsys.readouterr().err
         assert not out.exists()  # nothing launched, nothing half-written
+
+
+def test_exact_gates_need_a_repeatable_mode():
+    C.refuse_unrepeatable_exact(["H2a"], "deterministic")
+    C.refuse_unrepeatable_exact(["H4a", "H4b"], "eager")
+    C.refuse_unrepeatable_exact(["H1a"], "compiled")  # a threshold gate tolerates launch-to-launch kernels
+    C.refuse_unrepeatable_exact(["H2a", "H1a"], "compiled")  # together they are judged by the threshold
+    with pytest.raises(C.HarnessError, match="--mode deterministic"):
+        C.refuse_unrepeatable_exact(["H5a"], "compiled")
 
 
 def test_a_failed_gate_is_never_a_speed_claim():
