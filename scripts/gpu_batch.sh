@@ -7,7 +7,11 @@
 #   GATE_A / GATE_B / GATE_EXACT (gate between two run directories of this scratch folder),
 #   CAND / ROUNDS / LAYERS (compare: the candidate, rounds, DiT depth), PAIRS / CHUNKS (abeng),
 #   EXTRA (more serve options for compare, e.g. "--dit-gpus 0 --vae-gpus 1"),
-#   RES (480x832 or 704x1280: the 4-GPU steps bench4 serve4d serve4e report4 of the production topology).
+#   RES (480x832 or 704x1280: the 4-GPU steps bench4 serve4d serve4e report4 of the production topology),
+#   SCRATCH (where run directories go; default /tmp/harness-gpu), STEP_TIMEOUT (seconds per step, 420),
+#   REPLAY_SP / REPLAY_KV (replay: SP degrees and K lengths).
+# One-GPU steps can run side by side on a multi-GPU host, each with its own GPU and scratch folder:
+#   CUDA_VISIBLE_DEVICES=1 SCRATCH=/tmp/g1 scripts/gpu_batch.sh OUT/g1 STEP…
 # Run directories go to a scratch folder (media and saved outputs are large); the small files
 # (summaries, events, manifests, logs, bench JSON) are packed into OUT_DIR/results.tgz.
 set -uo pipefail
@@ -17,6 +21,7 @@ M=${MODE:-eager}; TAG=${TAG:-}  # serve steps: execution mode, and a suffix for 
 RES=${RES:-480x832}
 SCRATCH=${SCRATCH:-/tmp/harness-gpu}
 mkdir -p "$OUT" "$SCRATCH"
+OUT=$(cd "$OUT" && pwd)  # the results are packed from inside SCRATCH
 export PYTHONUNBUFFERED=1
 H="python3 -m harness"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv > "$SCRATCH/gpus.csv" 2>&1
@@ -48,7 +53,7 @@ for s in $STEPS; do
     h4)       step h4-output python3 -m harness.experiments.gpu_checks output --json "$SCRATCH/h4-output.json" ;;
     dit)      step dit-compiled python3 -m harness.experiments.gpu_checks dit --variants "${VARIANTS:-engine}" --json "$SCRATCH/dit-compiled.json" ;;
     det)      step determinism python3 -m harness.experiments.gpu_checks determinism --json "$SCRATCH/determinism.json" ;;
-    colocate) step colocate-$M python3 -m harness.experiments.gpu_checks colocate --mode $M --json "$SCRATCH/colocate-$M.json" ;;
+    colocate) step colocate-${MODE:-compiled} python3 -m harness.experiments.gpu_checks colocate --mode "${MODE:-compiled}" --json "$SCRATCH/colocate-${MODE:-compiled}.json" ;;
     # MPS lets the DiT's and the VAE's processes run kernels at once instead of time-slicing; the
     # daemon lives under /tmp (the path serve's manifest checks) and is stopped by mps-off.
     mps-on)   export CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps CUDA_MPS_LOG_DIRECTORY=/tmp/nvidia-mps-log

@@ -92,12 +92,23 @@ def versions() -> dict:
     return v
 
 
+def command_line(argv: list[str]) -> list[str]:
+    """The command as a user would type it again: ``python -m harness …`` rather than the path of
+    this checkout's ``__main__.py`` (a run directory must not carry the machine's layout)."""
+    if not argv:
+        return []
+    head = argv[0].replace(os.sep, "/")
+    if head.endswith("harness/__main__.py"):
+        return ["python", "-m", "harness", *argv[1:]]
+    return [os.path.basename(head), *argv[1:]]
+
+
 def manifest(cfg, *, candidates, hooks, placement, devices, extra=None) -> dict:
     from harness.config import to_dict
 
     cfg_d = to_dict(cfg)
     return {
-        "command": sys.argv,
+        "command": command_line(sys.argv),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         "config": cfg_d,
         "config_sha256": hashlib.sha256(json.dumps(cfg_d, sort_keys=True).encode()).hexdigest(),

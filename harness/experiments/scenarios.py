@@ -1438,8 +1438,10 @@ def main(args: argparse.Namespace) -> int:
     from harness.cli import resolve_config
     from harness.errors import HarnessError
 
-    if args.points == "list":
-        for pt in cancel_points(20 * MS, 500 * MS, args.cancel_chunks):
+    if args.points == "list":  # the points of the chosen transport; timings are illustrative
+        points = (cancel_points(20 * MS, 500 * MS, args.cancel_chunks) if args.over == "inprocess"
+                  else ws_cancel_points(1.0, args.cancel_chunks))
+        for pt in points:
             print(f"{pt.name:<28} {pt.target}")
         return 0
     if getattr(args, "launcher", "local") != "local":

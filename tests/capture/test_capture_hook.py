@@ -96,9 +96,15 @@ def test_saved_tensors_match_their_hashes_and_context(captured):
     assert cvt["phase"] == "convert" and cvt["tensors"]["frames"]["shape"][0] == 3
 
 
-def test_registries_are_restored_after_the_hook():
+def test_registries_are_wrapped_inside_the_hook_and_restored_after(tmp_path):
+    from harness.hooks import activate
+
+    before = {id(reg): dict(reg) for reg in (A.DENSE, A.KV_PATHS)}
+    with activate("capture", out_dir=tmp_path, label="t0"):
+        for reg in (A.DENSE, A.KV_PATHS):
+            assert all(getattr(fn, "_capture_of", None) is before[id(reg)][name] for name, fn in reg.items())
     for reg in (A.DENSE, A.KV_PATHS):
-        assert not any(hasattr(fn, "_capture_of") for fn in reg.values())
+        assert reg == before[id(reg)]
 
 
 def test_small_budget_keeps_the_first_signatures_and_records_the_rest(tmp_path, captured):

@@ -30,13 +30,12 @@ def test_serve_capture_shares_one_budget_and_dedupes_across_processes(served):
     files = list((run / "capture").glob("*.safetensors"))
     assert len(files) == len(saved) and sum(p.stat().st_size for p in files) <= BUDGET
     procs = {r["process"] for r in recs}
-    assert {"dit0", "vae0"} <= procs or {"dit1", "vae1"} & procs
+    assert "vae0" in procs and procs & {"dit0", "dit1"}  # the run's first records come from either DiT rank
     kinds = {r["kind"] for r in recs}
     assert {"attention", "linear", "conv", "convert"} <= kinds
     # SP 2: self-attention runs on all 96 tokens of 2 local heads (after the all-to-all)
-    att = next(r for r in recs if r["op"] == "self_attention")
-    if att["status"] == "saved":
-        assert att["tensors"]["q"]["shape"][:2] == [96, 2]
+    att = [r for r in recs if r["op"] == "self_attention" and r["status"] == "saved"]
+    assert att and all(r["tensors"]["q"]["shape"][:2] == [96, 2] for r in att)
     assert all(r["context"].get("chunk") is not None for r in recs)
     cvt = next(r for r in recs if r["op"] == "convert_uint8")
     assert cvt["process"] == "vae0" and cvt["phase"] == "convert"

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from harness.config import load_preset, override
+from harness.engine import dit_engine
 from harness.engine.groups import RankGroup
 from harness.hooks import context as hctx
 from harness.hooks.dispatch import DispatchRecorder
 
-dit_engine = pytest.importorskip("harness.engine.dit_engine", reason="DiT engine not present")
 
 #: CPU: the tiny preset as is — the 18-frame window (6 chunks of 3) saturates at chunk 5, chunk 6
 #: is past it. Meta: elementwise meta kernels are Python references (~3 s a paged chunk), so the

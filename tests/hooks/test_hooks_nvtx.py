@@ -88,9 +88,26 @@ def test_pop_even_when_the_scope_raises():
 
 
 def test_real_nvtx_backend_runs_without_a_profiler():
-    nvtx_ranges.enable()
+    backend = nvtx_ranges.enable()
+    assert isinstance(backend, nvtx_ranges.NvtxBackend)
+    real, calls = backend._domain, []
+
+    class Spy:  # the real nvtx domain underneath, its push/pop calls counted
+        def get_event_attributes(self, **kw):
+            return real.get_event_attributes(**kw)
+
+        def push_range(self, attrs):
+            calls.append("push")
+            real.push_range(attrs)
+
+        def pop_range(self):
+            calls.append("pop")
+            real.pop_range()
+
+    backend._domain = Spy()
     engine_like_loop(chunks=1, steps=1, layers=1)
-    assert isinstance(nvtx_ranges._backend, nvtx_ranges.NvtxBackend)
+    assert calls.count("push") == calls.count("pop") > 0
+    assert {("chunk 0 dit", "chunk"), ("step 0", "step"), ("halo exchange", "range")} <= set(backend._attrs)
 
 
 def test_activate_switches_nvtx_on_and_off(tmp_path):
