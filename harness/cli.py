@@ -246,6 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "FLOPs and peaks for the MFU rows (implies --against-production)")
     rp.set_defaults(fn=_lazy("harness.measure.report", "main"))
 
+    vd = sub.add_parser("verdicts", help="every candidate's gate, ratio, interval, A/A floor and verdict in one table, "
+                        "from compare directories and ab-engine JSON files")
+    vd.add_argument("results", nargs="+", metavar="RESULT", help="a compare --out directory, its compare.json, or ab-engine --json")
+    vd.add_argument("--json", help="also write the rows to this JSON file")
+    vd.set_defaults(fn=_lazy("harness.experiments.verdicts", "main"))
+
     ca = sub.add_parser("candidates", help="list the optimisation candidates: id, gate, needs, conflicts, what they change")
     ca.set_defaults(fn=_lazy("harness.candidates", "print_table"))
 

@@ -121,6 +121,17 @@ class CompareResult(msgspec.Struct, frozen=True):
     rows: list[Row]
     bootstrap: dict
     stopped_early: str | None = None
+    #: what was compared on: preset, mode, DiT depth, SP/VAE ranks, device, placement (round 0 A)
+    setting: dict = msgspec.field(default_factory=dict)
+
+
+def run_setting(manifest: dict) -> dict:
+    """The few facts a reader of a verdict needs to weigh it, from a run's manifest."""
+    cfg = manifest.get("config", {})
+    par, model, rt = cfg.get("parallel", {}), cfg.get("model", {}), cfg.get("runtime", {})
+    return {"preset": manifest.get("preset"), "mode": manifest.get("mode"), "layers": model.get("num_layers"),
+            "sp": par.get("sp"), "vae_ranks": par.get("vae_ranks"), "device": rt.get("device"),
+            "placement": manifest.get("placement")}
 
 
 # ---- reading and checking runs -------------------------------------------------------------
@@ -475,6 +486,7 @@ def analyze(
         rows=rows,
         bootstrap={**boot, "method": "session"},
         stopped_early=stopped_early,
+        setting=run_setting(a0.manifest),
     )
 
 

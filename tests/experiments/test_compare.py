@@ -148,3 +148,19 @@ def test_aa_halves_and_gate_kind():
     assert C.gate_kind(["exact", "threshold"]) == "threshold"
     assert C.gate_kind(["serving"]) == "serving"
     assert C.gate_kind(["serving", "exact"]) == "exact"
+
+
+def test_compare_records_its_setting_and_verdicts_reads_it(h5a_compare):
+    from harness.config import load_preset
+    from harness.experiments.verdicts import load
+
+    _, out, _ = h5a_compare
+    res = json.loads((out / "compare.json").read_text())
+    tiny = load_preset("tiny")
+    assert res["setting"]["preset"] == "tiny" and res["setting"]["mode"] == "eager"
+    assert res["setting"]["layers"] == tiny.model.num_layers and res["setting"]["sp"] == tiny.parallel.sp
+    v = load(out)
+    assert (v.candidate, v.method, v.verdict) == ("H5a", "compare", res["verdict"])
+    head = next(r for r in res["rows"] if r["boundary"] == "cpu_ready" and r["metric"].startswith("steady"))
+    assert v.ratio == head["ab"]["value"] and v.noise_floor == head["noise_floor"]
+    assert f"{tiny.model.num_layers} layers" in v.setting and "2 rounds × 2 measured sessions per launch" in v.setting

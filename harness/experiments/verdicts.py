@@ -1,0 +1,137 @@
+"""``verdicts``: every candidate's judgement in one table, from ``compare`` and ``ab-engine`` results.
+
+A candidate is judged by one of two commands — ``compare`` (end to end, a serve launch per arm
+per round) or ``ab-engine`` (inside one DiT engine) — and each writes its own JSON. This reads any
+number of them and puts the facts a reader weighs side by side: the gate and its outcome, the
+statistic and where it was taken, baseline and candidate medians, the ratio with its 95 %
+interval, the A/A noise floor, the verdict, and the setting it was measured on (mode, depth,
+placement). Nothing is recomputed: a verdict is reported exactly as its command judged it.
+
+    python -m harness verdicts runs/compare-H4a runs/ab-engine-H2a.json … [--json F]
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+import msgspec
+
+from harness.errors import HarnessError
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    candidate: str
+    method: str  # "compare" | "ab-engine"
+    gate: str  # e.g. "exact pass (70 compared)"
+    gate_passed: bool
+    statistic: str
+    baseline_ms: float | None
+    candidate_ms: float | None
+    ratio: float | None
+    low: float | None
+    high: float | None
+    noise_floor: float | None
+    verdict: str
+    setting: str
+    source: str
+
+
+def _fmt_setting(mode, layers, extra: Iterable[str]) -> str:
+    head = [x for x in (mode, f"{layers} layers" if layers is not None else None) if x]
+    return ", ".join([*head, *[e for e in extra if e]])
+
+
+def vae_placement(placement: dict | None) -> str:
+    """Whether the VAE ranks share the DiT ranks' GPUs — what decides H5a's outcome."""
+    if not placement:
+        return ""
+    dit = {v for k, v in placement.items() if k.startswith("dit") and str(v).startswith("cuda")}
+    vae = {v for k, v in placement.items() if k.startswith("vae") and str(v).startswith("cuda")}
+    if not dit or not vae:
+        return ""
+    return "VAE shares the DiT's GPU" if dit & vae else "VAE on its own GPU"
+
+
+def from_compare(d: dict, source: str) -> Verdict:
+    """``compare.json``: the row at the reference boundary is the verdict's row."""
+    ref = d["reference"]
+    row = next((r for r in d["rows"] if r["boundary"] == ref and r["metric"].startswith("steady")), None)
+    if row is None:
+        raise HarnessError(f"{source}: compare result has no steady row at {ref}")
+    g, st, proto = d["gate"], d.get("setting") or {}, d.get("protocol") or {}
+    measured = (proto.get("sessions") or 0) - (proto.get("warmup_sessions") or 0)
+    n = d["rounds_run"]
+    sched = [f"SP={st['sp']}" if st.get("sp") else "", vae_placement(st.get("placement")),
+             f"{n} round{'s' if n != 1 else ''} × {measured} measured sessions per launch"]
+    ab = row.get("ab") or {}
+    return Verdict(
+        candidate="+".join(d["candidate"]), method="compare",
+        gate=f"{g['kind']} {g['status']}" + (f" ({g['n_compared']} compared)" if g.get("n_compared") else ""),
+        gate_passed=g["status"] != "fail", statistic=row["metric"],
+        baseline_ms=row.get("baseline_ms"), candidate_ms=row.get("candidate_ms"),
+        ratio=ab.get("value"), low=ab.get("low"), high=ab.get("high"), noise_floor=row.get("noise_floor"),
+        verdict=d["verdict"], setting=_fmt_setting(st.get("mode"), st.get("layers"), sched), source=source)
+
+
+def from_ab_engine(d: dict, source: str) -> Verdict:
+    g, r = d["gate"], d.get("ratio") or {}
+    extra = f", worst rel-L2 {g['worst_rel_l2']:.3g}" if "worst_rel_l2" in g else ""
+    return Verdict(
+        candidate="+".join(d["candidate"]), method="ab-engine",
+        gate=f"{g['kind']} {'pass' if g['passed'] else 'fail'} ({g['compared']} chunks{extra})",
+        gate_passed=bool(g["passed"]), statistic=f"steady DiT chunk P50 (chunks ≥ {d['steady_from_chunk']})",
+        baseline_ms=d.get("baseline_ms"), candidate_ms=d.get("candidate_ms"),
+        ratio=r.get("value"), low=r.get("low"), high=r.get("high"), noise_floor=d.get("noise_floor"),
+        verdict=d["verdict"],
+        setting=_fmt_setting(d.get("mode"), d.get("layers"), [f"SP={d.get('sp')}", f"{d['pairs']} pairs × {d['chunks']} chunks"]),
+        source=source)
+
+
+def load(path: str | Path) -> Verdict:
+    """A compare directory (its ``compare.json``), a ``compare.json`` or an ``ab-engine --json`` file."""
+    p = Path(path)
+    f = p / "compare.json" if p.is_dir() else p
+    if not f.is_file():
+        raise HarnessError(f"{path}: no such file (expected a compare directory, compare.json or ab-engine JSON)")
+    try:
+        d = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise HarnessError(f"{f}: not readable JSON ({type(e).__name__})") from None
+    try:
+        if isinstance(d, dict) and {"rows", "gate", "reference"} <= d.keys():
+            first = f.parent / "round0-A" / "manifest.json"
+            if not d.get("setting") and first.is_file():  # written before compare recorded its setting
+                from harness.experiments.compare import run_setting
+
+                d = {**d, "setting": run_setting(json.loads(first.read_text()))}
+            return from_compare(d, str(f))
+        if isinstance(d, dict) and {"pairs", "gate", "steady_from_chunk"} <= d.keys():
+            return from_ab_engine(d, str(f))
+    except (KeyError, TypeError) as e:
+        raise HarnessError(f"{f}: incomplete result (missing {e})") from None
+    raise HarnessError(f"{f}: neither a compare result nor an ab-engine result")
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def table(verdicts: list[Verdict]) -> str:
+    lines = ["| candidate | method | gate | statistic | baseline | candidate | ratio | 95 % interval | A/A floor | verdict | setting |",
+             "|---|---|---|---|---:|---:|---:|---|---|---|---|"]
+    for v in verdicts:
+        interval = "—" if v.low is None or v.high is None else f"[{v.low:.4f}, {v.high:.4f}]"
+        floor = "—" if v.noise_floor is None else f"±{v.noise_floor:.4f}"
+        lines.append(f"| {v.candidate} | {v.method} | {v.gate} | {v.statistic} | {_num(v.baseline_ms, '.1f')} ms | "
+                     f"{_num(v.candidate_ms, '.1f')} ms | {_num(v.ratio, '.4f')} | {interval} | {floor} | **{v.verdict}** | {v.setting} |")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    vs = [load(p) for p in args.results]
+    print(table(vs))
+    if args.json:
+        Path(args.json).write_bytes(msgspec.json.encode(vs))
+    return 0

@@ -1,0 +1,70 @@
+"""``verdicts``: compare and ab-engine results side by side, reported exactly as judged."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.cli import main
+from harness.errors import HarnessError
+from harness.experiments import verdicts as V
+
+AB = {"candidate": ["H2a"], "preset": "tiny", "mode": "compiled", "sp": 2, "layers": 40, "pairs": 4, "chunks": 7,
+      "order": "A B B A A B B A", "steady_from_chunk": 5,
+      "gate": {"kind": "exact", "passed": True, "compared": 28, "failed": []},
+      "baseline_ms": 2319.0, "candidate_ms": 2079.6, "ratio": {"value": 0.8967, "low": 0.894, "high": 0.8984},
+      "noise_floor": 0.0035, "verdict": "faster", "reason": "below the band"}
+
+
+def _compare(gate_status="pass", verdict="slower"):
+    row = lambda b, v: {"metric": f"steady interval P50 @ {b}", "boundary": b, "baseline_ms": 1000.0,  # noqa: E731
+                        "candidate_ms": 1000.0 * v, "ab": {"value": v, "low": v - 0.01, "high": v + 0.01},
+                        "noise_floor": 0.004, "verdict": verdict}
+    return {"candidate": ["H4a", "H4b"], "reference": "cpu_ready", "rounds_run": 2, "verdict": verdict,
+            "protocol": {"sessions": 3, "warmup_sessions": 1},
+            "gate": {"kind": "exact", "status": gate_status, "n_compared": 70},
+            "rows": [row("encoded", 0.5), row("cpu_ready", 1.07), {"metric": "TTFC P50 @ delivered", "boundary": "delivered"}],
+            "setting": {"mode": "deterministic", "layers": 10, "sp": 1,
+                        "placement": {"dit rank 0": "cuda:0", "vae rank 0": "cuda:1", "encoder": "cpu"}}}
+
+
+def test_a_compare_verdict_is_its_reference_row_as_judged():
+    v = V.from_compare(_compare(), "c.json")
+    assert (v.candidate, v.method, v.statistic) == ("H4a+H4b", "compare", "steady interval P50 @ cpu_ready")
+    assert v.ratio == pytest.approx(1.07) and (v.low, v.high) == pytest.approx((1.06, 1.08)) and v.noise_floor == 0.004
+    assert v.verdict == "slower" and v.gate == "exact pass (70 compared)" and v.gate_passed
+    assert v.setting == "deterministic, 10 layers, SP=1, VAE on its own GPU, 2 rounds × 2 measured sessions per launch"
+    assert not V.from_compare(_compare("fail", "no verdict"), "c.json").gate_passed
+
+
+def test_an_ab_engine_verdict_keeps_its_gate_and_setting():
+    v = V.from_ab_engine(AB, "ab.json")
+    assert (v.candidate, v.method, v.verdict) == ("H2a", "ab-engine", "faster")
+    assert v.gate == "exact pass (28 chunks)" and v.ratio == 0.8967 and v.baseline_ms == 2319.0
+    assert v.setting == "compiled, 40 layers, SP=2, 4 pairs × 7 chunks"
+    line = V.table([v]).splitlines()[2]
+    assert "| 0.8967 | [0.8940, 0.8984] | ±0.0035 | **faster** |" in line
+
+
+def test_vae_placement():
+    assert V.vae_placement({"dit rank 0": "cuda:0", "dit rank 1": "cuda:1", "vae rank 0": "cuda:1"}) == "VAE shares the DiT's GPU"
+    assert V.vae_placement({"dit rank 0": "cuda:0", "vae rank 0": "cuda:1"}) == "VAE on its own GPU"
+    assert V.vae_placement({"dit rank 0": "cpu", "vae rank 0": "cpu"}) == "" and V.vae_placement(None) == ""
+
+
+def test_bad_results_are_one_line_errors(tmp_path, capsys):
+    (tmp_path / "ab.json").write_text(json.dumps(AB))
+    (tmp_path / "bench.json").write_text(json.dumps({"preset": "tiny", "dit_mfu": 0.7}))
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "short.json").write_text(json.dumps({k: v for k, v in AB.items() if k != "verdict"}))
+    for name, msg in (("missing", "no such file"), ("bench.json", "neither a compare result"),
+                      ("broken.json", "not readable JSON"), ("short.json", "incomplete result")):
+        with pytest.raises(HarnessError, match=msg):
+            V.load(tmp_path / name)
+        assert main(["verdicts", str(tmp_path / "ab.json"), str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and err.count("\n") == 1
+    out = tmp_path / "v.json"
+    assert main(["verdicts", str(tmp_path / "ab.json"), "--json", str(out)]) == 0
+    assert json.loads(out.read_text())[0]["verdict"] == "faster"
