@@ -21,7 +21,7 @@ M=${MODE:-eager}; TAG=${TAG:-}  # serve steps: execution mode, and a suffix for 
 RES=${RES:-480x832}
 SCRATCH=${SCRATCH:-/tmp/harness-gpu}
 mkdir -p "$OUT" "$SCRATCH"
-OUT=$(cd "$OUT" && pwd)  # the results are packed from inside SCRATCH
+OUT=$(CDPATH= cd -- "$OUT" && pwd) || exit 1  # the results are packed from inside SCRATCH
 export PYTHONUNBUFFERED=1
 H="python3 -m harness"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv > "$SCRATCH/gpus.csv" 2>&1

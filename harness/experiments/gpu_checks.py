@@ -281,6 +281,10 @@ def check_colocate(chunks: int = 9, mode: str = "compiled") -> dict:
     from harness.engine.groups import RankGroup
     from harness.engine.vae_engine import VaeEngine
 
+    if chunks < 7:  # steady rounds are 6 … chunks − 1: a saturated DiT chunk and a saturated decode
+        raise SystemExit("colocate needs --chunks ≥ 7 (rounds 6 … chunks − 1 are the steady ones)")
+    if mode not in ("eager", "compiled", "deterministic"):
+        raise SystemExit(f"colocate: unknown --mode {mode!r} (eager, compiled or deterministic)")
     dev = torch.device("cuda")
     dit = DitEngine(_cfg(mode=mode), group=RankGroup.single(), device=dev, seed=0)
     vae = VaeEngine(_cfg(), group=RankGroup.single(), device=dev, seed=0)
@@ -296,22 +300,29 @@ def check_colocate(chunks: int = 9, mode: str = "compiled") -> dict:
             box: dict = {}
 
             def decode(lat=prev) -> None:
-                with torch.cuda.stream(lo):
-                    box["f"] = vae.decode_chunk(sv, lat)
-                    lo.synchronize()
+                try:
+                    with torch.cuda.stream(lo):
+                        box["f"] = vae.decode_chunk(sv, lat)
+                        lo.synchronize()
+                except BaseException as e:  # noqa: BLE001 - re-raised by the main thread after join
+                    box["error"] = e
 
             th = threading.Thread(target=decode) if concurrent and prev is not None else None
             if th:
                 th.start()
             x = None
-            if c < chunks:
-                with torch.cuda.stream(hi):
-                    x = dit.generate_chunk(sd, ACTIONS[c % len(ACTIONS)])
-                    hi.synchronize()
-            if th:
-                th.join()
-            elif prev is not None:
+            try:
+                if c < chunks:
+                    with torch.cuda.stream(hi):
+                        x = dit.generate_chunk(sd, ACTIONS[c % len(ACTIONS)])
+                        hi.synchronize()
+            finally:
+                if th:
+                    th.join()
+            if not th and prev is not None:
                 decode()
+            if "error" in box:
+                raise box["error"]
             _sync()
             times.append((time.perf_counter() - t0) * 1e3)
             if "f" in box:
@@ -334,7 +345,8 @@ def check_colocate(chunks: int = 9, mode: str = "compiled") -> dict:
     out.update({"serial_round_ms": [round(t, 1) for t in serial], "concurrent_round_ms": [round(t, 1) for t in conc],
                 "steady_serial_ms": round(s_ms, 1), "steady_concurrent_ms": round(c_ms, 1),
                 "concurrent_over_serial": round(c_ms / s_ms, 4),
-                "decoded_equal": all(np.array_equal(a, b) for a, b in zip(p_serial, p_conc))})
+                "decoded_equal": len(p_serial) == len(p_conc) == chunks
+                                 and all(np.array_equal(a, b) for a, b in zip(p_serial, p_conc))})
     return out
 
 

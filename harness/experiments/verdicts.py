@@ -89,33 +89,37 @@ def from_ab_engine(d: dict, source: str) -> Verdict:
         source=source)
 
 
+def _read_json(f: Path):
+    try:
+        return json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise HarnessError(f"{f}: not readable JSON ({type(e).__name__})") from None
+
+
 def load(path: str | Path) -> Verdict:
     """A compare directory (its ``compare.json``), a ``compare.json`` or an ``ab-engine --json`` file."""
     p = Path(path)
     f = p / "compare.json" if p.is_dir() else p
     if not f.is_file():
         raise HarnessError(f"{path}: no such file (expected a compare directory, compare.json or ab-engine JSON)")
-    try:
-        d = json.loads(f.read_text())
-    except (OSError, ValueError) as e:
-        raise HarnessError(f"{f}: not readable JSON ({type(e).__name__})") from None
+    d = _read_json(f)
     try:
         if isinstance(d, dict) and {"rows", "gate", "reference"} <= d.keys():
             first = f.parent / "round0-A" / "manifest.json"
             if not d.get("setting") and first.is_file():  # written before compare recorded its setting
                 from harness.experiments.compare import run_setting
 
-                d = {**d, "setting": run_setting(json.loads(first.read_text()))}
+                d = {**d, "setting": run_setting(_read_json(first))}
             return from_compare(d, str(f))
         if isinstance(d, dict) and {"pairs", "gate", "steady_from_chunk"} <= d.keys():
             return from_ab_engine(d, str(f))
-    except (KeyError, TypeError) as e:
-        raise HarnessError(f"{f}: incomplete result (missing {e})") from None
+    except (KeyError, TypeError, AttributeError) as e:
+        raise HarnessError(f"{f}: incomplete result ({type(e).__name__}: {e})") from None
     raise HarnessError(f"{f}: neither a compare result nor an ab-engine result")
 
 
-def _num(x: float | None, fmt: str) -> str:
-    return "—" if x is None else format(x, fmt)
+def _num(x: float | None, fmt: str, unit: str = "") -> str:
+    return "—" if x is None else format(x, fmt) + unit
 
 
 def table(verdicts: list[Verdict]) -> str:
@@ -124,8 +128,8 @@ def table(verdicts: list[Verdict]) -> str:
     for v in verdicts:
         interval = "—" if v.low is None or v.high is None else f"[{v.low:.4f}, {v.high:.4f}]"
         floor = "—" if v.noise_floor is None else f"±{v.noise_floor:.4f}"
-        lines.append(f"| {v.candidate} | {v.method} | {v.gate} | {v.statistic} | {_num(v.baseline_ms, '.1f')} ms | "
-                     f"{_num(v.candidate_ms, '.1f')} ms | {_num(v.ratio, '.4f')} | {interval} | {floor} | **{v.verdict}** | {v.setting} |")
+        lines.append(f"| {v.candidate} | {v.method} | {v.gate} | {v.statistic} | {_num(v.baseline_ms, '.1f', ' ms')} | "
+                     f"{_num(v.candidate_ms, '.1f', ' ms')} | {_num(v.ratio, '.4f')} | {interval} | {floor} | **{v.verdict}** | {v.setting} |")
     return "\n".join(lines)
 
 
@@ -133,5 +137,8 @@ def main(args) -> int:
     vs = [load(p) for p in args.results]
     print(table(vs))
     if args.json:
-        Path(args.json).write_bytes(msgspec.json.encode(vs))
+        try:
+            Path(args.json).write_bytes(msgspec.json.encode(vs))
+        except OSError as e:
+            raise HarnessError(f"{args.json}: cannot write ({e.strerror})") from None
     return 0

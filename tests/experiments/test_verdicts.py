@@ -68,3 +68,29 @@ def test_bad_results_are_one_line_errors(tmp_path, capsys):
     out = tmp_path / "v.json"
     assert main(["verdicts", str(tmp_path / "ab.json"), "--json", str(out)]) == 0
     assert json.loads(out.read_text())[0]["verdict"] == "faster"
+    assert main(["verdicts", str(tmp_path / "ab.json"), "--json", str(tmp_path / "no" / "such" / "v.json")]) == 2
+    assert "cannot write" in capsys.readouterr().err
+
+
+def test_an_old_compare_takes_its_setting_from_round0_and_refuses_a_broken_one(tmp_path):
+    old = {k: v for k, v in _compare().items() if k != "setting"}
+    (tmp_path / "compare.json").write_text(json.dumps(old))
+    assert V.load(tmp_path).setting == "2 rounds × 2 measured sessions per launch"
+    (tmp_path / "round0-A").mkdir()
+    manifest = {"preset": "x", "mode": "eager", "placement": {"dit rank 0": "cuda:0", "vae rank 0": "cuda:0"},
+                "config": {"model": {"num_layers": 4}, "parallel": {"sp": 2}}}
+    (tmp_path / "round0-A" / "manifest.json").write_text(json.dumps(manifest))
+    assert V.load(tmp_path).setting.startswith("eager, 4 layers, SP=2, VAE shares the DiT's GPU")
+    for broken in ("{truncated", "[1, 2]"):
+        (tmp_path / "round0-A" / "manifest.json").write_text(broken)
+        with pytest.raises(HarnessError, match="not readable JSON|incomplete result"):
+            V.load(tmp_path)
+
+
+def test_a_failed_gate_shows_no_figures_it_does_not_have():
+    failed = {**{k: v for k, v in AB.items() if k not in ("ratio", "baseline_ms", "candidate_ms", "noise_floor")},
+              "gate": {"kind": "exact", "passed": False, "compared": 28, "failed": ["pair 0 chunk 0"]},
+              "verdict": "no verdict"}
+    v = V.from_ab_engine(failed, "ab.json")
+    assert not v.gate_passed and v.ratio is None and v.verdict == "no verdict"
+    assert "| — | — | — | — | — | **no verdict** |" in V.table([v])
