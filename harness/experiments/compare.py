@@ -337,14 +337,9 @@ def pooled(rounds: Rounds) -> list[list[int]]:
     return [s for r in rounds for s in r if s]
 
 
-#: Sessions each half of the baseline needs for an A/A interval: one session resamples to a single
-#: point, and a floor of zero width would let any A/B interval "clear" it.
-MIN_SESSIONS_PER_HALF = 2
-
-
 def aa_halves(rounds: Rounds) -> tuple[list[list[int]], list[list[int]], str] | None:
     """Two halves of the baseline for the A/A comparison, and how they were drawn; None when a
-    half would have fewer than ``MIN_SESSIONS_PER_HALF`` sessions."""
+    half would have fewer than ``stats.MIN_SESSIONS_PER_HALF`` sessions."""
     with_samples = [[s for s in r if s] for r in rounds]
     with_samples = [r for r in with_samples if r]
     if len(with_samples) >= 2:
@@ -356,7 +351,7 @@ def aa_halves(rounds: Rounds) -> tuple[list[list[int]], list[list[int]], str] | 
         how = "sessions"
     else:
         return None
-    return (x, y, how) if min(len(x), len(y)) >= MIN_SESSIONS_PER_HALF else None
+    return (x, y, how) if min(len(x), len(y)) >= S.MIN_SESSIONS_PER_HALF else None
 
 
 def noise_floor_method(rounds: int) -> str:
@@ -376,7 +371,7 @@ def resolution_shortfall(n_base_sessions: int, n_cand_sessions: int, has_aa: boo
         return (f"too few sessions to resolve a difference ({n_base_sessions} baseline, {n_cand_sessions} candidate; "
                 f"need ≥ {MIN_SESSIONS_PER_ARM} each)")
     if not has_aa:
-        return (f"no A/A noise floor (each half of the baseline needs ≥ {MIN_SESSIONS_PER_HALF} measured sessions: "
+        return (f"no A/A noise floor (each half of the baseline needs ≥ {S.MIN_SESSIONS_PER_HALF} measured sessions: "
                 "more --sessions or --rounds)")
     return None
 

@@ -125,11 +125,12 @@ def judge(a: list[list[float]], b: list[list[float]], steady: int, gate_passed: 
     # A sessions by position: the first-run A of each pair vs the second-run one, so any order
     # effect lands in the floor (conservative)
     h1, h2 = S.split_alternating(sa)
-    aa = S.ratio_of_medians(h1, h2, seed=seed) if min(len(h1), len(h2)) >= 2 else None
+    aa = S.ratio_of_medians(h1, h2, seed=seed) if min(len(h1), len(h2)) >= S.MIN_SESSIONS_PER_HALF else None
     v = S.ab_verdict(ab, aa, gate_passed)
     if aa is None and v.verdict in ("faster", "slower"):
         v = msgspec.structs.replace(v, verdict="no resolvable difference",
-                                    reason=f"{v.reason.replace(' (no A/A noise floor)', '')}; no A/A noise floor: needs ≥ 4 pairs")
+                                    reason=f"{v.reason.replace(' (no A/A noise floor)', '')}; no A/A noise floor: "
+                                           f"needs ≥ {2 * S.MIN_SESSIONS_PER_HALF} pairs")
     return {"baseline_ms": S.nearest_rank([x for s in sa for x in s], 50),  # the statistic the ratio uses
             "candidate_ms": S.nearest_rank([x for s in sb for x in s], 50),
             "ratio": msgspec.to_builtins(ab), "aa": msgspec.to_builtins(aa) if aa else None,

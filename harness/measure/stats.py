@@ -269,6 +269,11 @@ def ab_verdict(ab: Estimate | None, aa: Estimate | None, gate_passed: bool | Non
     return Verdict("no resolvable difference", f"{ci} overlaps noise band {band}{note}", ab, aa, floor, gate_passed)
 
 
+#: Sessions each half of a baseline needs for an A/A interval: one session resamples to a single
+#: point, and a floor of zero width would let any A/B interval "clear" it.
+MIN_SESSIONS_PER_HALF = 2
+
+
 def compare_ab(
     baseline: Sequence[Sequence[float]],
     candidate: Sequence[Sequence[float]],
@@ -286,6 +291,6 @@ def compare_ab(
     ab = ratio_of_medians(baseline, candidate, **kw)
     if aa is None:
         a1, a2 = split_alternating([s for s in baseline if len(s)])
-        if min(len(a1), len(a2)) >= 2:  # one session per half resamples to a zero-width point
+        if min(len(a1), len(a2)) >= MIN_SESSIONS_PER_HALF:
             aa = ratio_of_medians(a1, a2, **kw)
     return ab_verdict(ab, aa, gate_passed)
