@@ -283,8 +283,6 @@ def check_colocate(chunks: int = 9, mode: str = "compiled") -> dict:
 
     if chunks < 7:  # steady rounds are 6 … chunks − 1: a saturated DiT chunk and a saturated decode
         raise SystemExit("colocate needs --chunks ≥ 7 (rounds 6 … chunks − 1 are the steady ones)")
-    if mode not in ("eager", "compiled", "deterministic"):
-        raise SystemExit(f"colocate: unknown --mode {mode!r} (eager, compiled or deterministic)")
     dev = torch.device("cuda")
     dit = DitEngine(_cfg(mode=mode), group=RankGroup.single(), device=dev, seed=0)
     vae = VaeEngine(_cfg(), group=RankGroup.single(), device=dev, seed=0)
@@ -395,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile-mode", help="inductor mode for the compiled DiT/VAE (default: the engine's)")
     p.add_argument("--no-h2a", action="store_true")
     p.add_argument("--variants", default="engine", help=f"comma list of compiled variants: {', '.join(VARIANTS)}")
-    p.add_argument("--mode", help="dit-run: deterministic (default) or eager; colocate: compiled (default) or eager")
+    p.add_argument("--mode", choices=["eager", "compiled", "deterministic"],
+                   help="dit-run: deterministic (default) or eager; colocate: compiled (default) or eager")
     p.add_argument("--save")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
