@@ -178,8 +178,8 @@ def headline(summary: dict, scheduler: str | None = None) -> list[str]:
     h = summary.get("handoff", {})
     if h.get("p50_ms") is not None:
         out.append(f"  {F.label('handoff_p50', scheduler)}: {h['p50_ms']:.2f}")
-    out.append(f"  ({F.label('fps_mean')} = {F.define('fps_mean').formula.split(' (')[0]}; percentiles nearest rank; "
-               "every figure is defined in report.md and the README's figure table)")
+    out.append(f"  {F.label('fps_mean')} = Σ frames ÷ Σ intervals; percentiles are nearest-rank; every figure is "
+               "defined in report.md and the README (Figures)")
     if not summary.get("valid", True):
         out.append(f"  summary flags: {', '.join(summary.get('flags', []))}")
     return out

@@ -166,12 +166,14 @@ def summary_keys() -> set[str]:
     return {k for f in _TABLE for k in f.keys}
 
 
-def table_md(names: list[str] | tuple[str, ...] | None = None, scheduler: str | None = None) -> list[str]:
-    """A markdown definition table of ``names`` (default: every figure), one row each."""
+def table_md(names: list[str] | tuple[str, ...] | None = None) -> list[str]:
+    """A markdown definition table of ``names`` (default: every figure), one row each; a label
+    that reads differently under a scheduler is given beside the default one."""
     rows = ["| figure | label | definition | unit | computed by |", "|---|---|---|---|---|"]
     for n in names if names is not None else FIGURES:
         f = define(n)
-        rows.append(f"| `{f.name}` | {label(n, scheduler)} | {f.formula} | {f.unit} | `measure.{f.where}` |")
+        other = "; ".join(f"{sch}: {lab}" for sch, lab in f.by_scheduler.items())
+        rows.append(f"| `{f.name}` | {f.label}{f' ({other})' if other else ''} | {f.formula} | {f.unit} | `measure.{f.where}` |")
     return rows
 
 

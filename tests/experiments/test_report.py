@@ -50,6 +50,7 @@ def test_report_renders_every_plot_headless_from_hand_built_runs(tmp_path, event
         assert_sane_png(tmp_path / "out" / name)
     md = path.read_text()
     assert md.count("| boundary | n | sessions |") == 2  # one summary table per run
+    assert md.count("## figure definitions") == 1  # every column defined once, for all runs
     for name in R.PLOTS:
         assert f"]({name})" in md
 
@@ -76,11 +77,15 @@ def test_figure_data(event_tables):
     assert x.tolist() == [1.0, 2.0, 3.0] and y.tolist() == pytest.approx([1 / 3, 2 / 3, 1.0])
     stages = R.per_chunk_stages(events, starts, M.DEFAULT_WINDOW)
     assert sorted(stages) == list(range(10))
-    assert stages[6]["decode"] == pytest.approx(30)  # median over 3 measured sessions: the stall is one of them
+    assert stages[6]["decode"] == pytest.approx(30)  # P50 over 3 measured sessions: the stall is one of them
     key = R.pick_session(events, starts, M.DEFAULT_WINDOW)
     assert key == (1, 1)  # the first measured session, not the warm-up
-    bars = R.timeline_bars(events, starts, key)
-    assert {b.lane for b in bars} == {lane for lane, _ in R.LANES}
+    bars = R.timeline_bars(events, starts, key)  # no manifest: one process of each kind
+    assert {b.lane for b in bars} == {"driver", "DiT rank 0", "VAE rank 0", "encoder"}
+    manifest = {"config": {"parallel": {"sp": 2, "vae_ranks": 3}}}
+    lanes = {b.lane: b.lockstep for b in R.timeline_bars(events, starts, key, manifest)}
+    assert lanes == {"driver": False, "DiT rank 0": False, "DiT rank 1": True, "VAE rank 0": False,
+                     "VAE rank 1": True, "VAE rank 2": True, "encoder": False}
     assert len([b for b in bars if b.stage == "dit"]) == 10
     dit0 = next(b for b in bars if b.stage == "dit" and b.chunk == 0)
     assert dit0.start_ms == pytest.approx(10 + 1) and dit0.dur_ms == pytest.approx(40)
