@@ -97,7 +97,7 @@ _TABLE: tuple[Figure, ...] = (
            where="metrics.handoffs",
            formula="dit_start(i) − cpu_ready(i−1) on steady chunks, nearest-rank median; under Case D the "
                    "driver's reaction between a chunk's frames and the next DiT start",
-           by_scheduler={"case-e": "DiT lead dit_start(i) − cpu_ready(i−1) P50 ms (Case E: < 0 = overlap, not a handoff)"}),
+           by_scheduler={"case-e": "DiT lead dit_start(i) − cpu_ready(i−1) P50 ms (Case E: negative while DiT(i) overlaps decode(i−1); not a handoff)"}),
     # ---- stages -------------------------------------------------------------------------
     Figure(name="stage_p50", label="P50 ms", keys=("p50_ms",), unit="ms", where="metrics.steady_stages",
            formula="nearest-rank median of the stage's duration over steady chunks"),
