@@ -168,7 +168,12 @@ def _read_json(path: Path) -> dict:
 
 
 def load_meta(run_dir: Path, round_: int, arm: str) -> RunMeta:
-    return RunMeta(round_, arm, os.fspath(run_dir), _read_json(run_dir / "manifest.json"), _read_json(run_dir / "summary.json"))
+    from harness.config import upgrade_recorded
+
+    man = _read_json(run_dir / "manifest.json")
+    if isinstance(man.get("config"), dict):  # a manifest from before a config rename reads as today's
+        man["config"] = upgrade_recorded(man["config"])
+    return RunMeta(round_, arm, os.fspath(run_dir), man, _read_json(run_dir / "summary.json"))
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, object]:
