@@ -425,9 +425,9 @@ def plot_slowest(views: Sequence[RunView], labels: Sequence[str], path: Path) ->
         ax.set_yticklabels([r[0] for r in rows], fontsize=8)
         ax.set_ylim(len(rows) - 0.5, -0.5)
         ax.set_xlabel("ms")
-        ax.set_title(f"{l}: slowest steady intervals @ {lt['reference']} — chunk i's stages from gap "
-                     f"(cpu_ready(i−1) → submit(i)) up to {lt['reference']}, stacked; ◆ = the interval "
-                     "(stacks exceed it where stages overlap, Case E)", fontsize=8)
+        ax.set_title(f"{l}: slowest steady intervals @ {lt['reference']}, slowest first\n"
+                     f"chunk i's stages from gap (cpu_ready(i−1) → submit(i)) up to {lt['reference']}, stacked; "
+                     "◆ = the interval (stacks exceed it where stages overlap, Case E)", fontsize=9)
     _legend_outside(list(axes[:, 0]), ["gap", *M.SEGMENT_NAMES, "interval"])
     return _save(fig, path, values)
 

@@ -256,3 +256,32 @@ def test_every_figure_of_a_case_d_a_case_e_and_a_server_run_resolves_to_one_defi
             assert round(p50, 1) == table[b] and lo <= p50 <= hi
     for name in R.PLOTS:
         assert_sane_png(tmp_path / "rep" / name)
+
+
+def test_a_long_tail_report_breaks_the_slowest_intervals_down_by_stage(tmp_path, event_tables):
+    import json
+
+    import msgspec
+
+    from harness.measure import tails
+    from harness.measure.summary import build_summary
+
+    d = hand_run(tmp_path / "lt", event_tables.table, {2: {6: {"decode": 50}}, 3: {7: {"dit": 30}}})
+    events, starts = event_tables.table({2: {6: {"decode": 50}}, 3: {7: {"dit": 30}}})
+    summary = msgspec.to_builtins(build_summary(events, starts))
+    summary["long_tail"] = msgspec.to_builtins(tails.tail_summary(events, starts, M.DEFAULT_WINDOW, k=3))
+    (d / "summary.json").write_text(json.dumps(summary))
+    plotted = R.render_plots([R.load_view(d)], tmp_path / "out")
+    slow = next(p for p in plotted if p.path.name == R.SLOWEST_PLOT)
+    assert_sane_png(slow.path)
+    (label, rows), = slow.values.items()
+    assert [r[0] for r in rows] == ["median chunk", "#1 s2 c6", "#2 s3 c7", "#3 s1 c5"]
+    med, first, second = rows[0][1], rows[1][1], rows[2][1]
+    n = event_tables.NOMINAL
+    assert first["decode"] == n["decode"] + 50 and second["dit"] == n["dit"] + 30 and med["decode"] == n["decode"]
+    # Case D: gap + the stages up to cpu_ready tile the interval, so the stack ends on the ◆
+    for _, stages, interval in rows:
+        assert sum(stages.values()) == pytest.approx(interval)
+    assert "sink" not in first  # after the reference boundary: not part of this interval
+    md = R.write_report([d], tmp_path / "rep").read_text()
+    assert f"]({R.SLOWEST_PLOT})" in md and "### slowest steady intervals @ cpu_ready" in md
