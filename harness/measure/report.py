@@ -74,11 +74,12 @@ class Plotted(msgspec.Struct, frozen=True):
 
 
 def run_label(manifest: dict, run_dir: str) -> str:
-    """"case-d", "case-e +H5a" …; the directory name when there is no manifest."""
+    """"case-d", "case-e +H5a", "case-d websocket" …; the directory name when there is no manifest."""
     if not manifest:
         return Path(run_dir).name
     cands = manifest.get("candidates") or []
-    return manifest.get("scheduler", "?") + (f" +{'+'.join(cands)}" if cands else "")
+    served = " websocket" if (manifest.get("protocol") or {}).get("name") == "websocket" else ""
+    return manifest.get("scheduler", "?") + (f" +{'+'.join(cands)}" if cands else "") + served
 
 
 def window_of(summary: dict) -> M.Window:
