@@ -56,7 +56,10 @@ class ModelConfig(_Section):
 class VideoConfig(_Section):
     height: int = 480
     width: int = 832
-    frames_per_chunk: int = 3  # latent frames
+    #: Latent frames per chunk; spelled ``latent_frames_per_chunk`` in TOML, ``--set`` and
+    #: manifests. A chunk decodes to 4 pixel frames per latent frame, the session's first chunk
+    #: to 3 fewer (its first latent frame gives 1): ``pixel_frames``.
+    frames_per_chunk: int = msgspec.field(default=3, name="latent_frames_per_chunk")
     chunks_per_session: int = 10
     fps: int = 16
 
@@ -182,7 +185,7 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
         (m.num_layers >= 1, "model.num_layers must be ≥ 1"),
         (v.height % (VAE_SPATIAL * m.patch_size[1]) == 0 and v.width % (VAE_SPATIAL * m.patch_size[2]) == 0,
          f"video {v.height}x{v.width} must be divisible by {VAE_SPATIAL * m.patch_size[1]} (VAE × patch)"),
-        (v.frames_per_chunk >= 1 and v.chunks_per_session >= 1, "video.frames_per_chunk and chunks_per_session must be ≥ 1"),
+        (v.frames_per_chunk >= 1 and v.chunks_per_session >= 1, "video.latent_frames_per_chunk and chunks_per_session must be ≥ 1"),
         (p.sp >= 1 and p.vae_ranks >= 1, "parallel.sp and parallel.vae_ranks must be ≥ 1"),
         (m.num_heads % p.sp == 0, f"num_heads {m.num_heads} is not divisible by sp={p.sp}"),
         (cfg.tokens_per_chunk % p.sp == 0, f"tokens per chunk {cfg.tokens_per_chunk} is not divisible by sp={p.sp}"),
@@ -190,7 +193,7 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
         (v.latent_w // p.vae_ranks >= 2, f"latent strip of {v.latent_w // max(p.vae_ranks, 1)} columns is too narrow for halos"),
         (c.sink_frames % v.frames_per_chunk == 0, f"cache.sink_frames {c.sink_frames} must be whole chunks of {v.frames_per_chunk}"),
         (c.window_frames > c.sink_frames + v.frames_per_chunk - 1,
-         f"cache.window_frames {c.window_frames} must exceed sink_frames + frames_per_chunk - 1"),
+         f"cache.window_frames {c.window_frames} must exceed sink_frames + latent_frames_per_chunk - 1"),
         ((c.window_frames - c.sink_frames) % v.frames_per_chunk == 0,
          "cache.window_frames - sink_frames must be whole chunks"),
         (list(cfg.schedule.timesteps) == sorted(cfg.schedule.timesteps, reverse=True) and len(cfg.schedule.timesteps) >= 1,
@@ -213,6 +216,16 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.toml"))
 
 
+#: Names that were renamed because they did not say what they count: old → new (``section.field``).
+RENAMED = {"video.frames_per_chunk": "video.latent_frames_per_chunk"}
+
+
+def renamed_hint(section: str, name: str) -> str:
+    new = RENAMED.get(f"{section}.{name}")
+    return f"{section}.{name} is now {new} (it counts latent frames; a chunk has 4 pixel frames per latent " \
+           "frame, the session's first chunk 3 fewer)" if new else ""
+
+
 def load_config(path: str | Path) -> HarnessConfig:
     path = Path(path)
     try:
@@ -222,8 +235,21 @@ def load_config(path: str | Path) -> HarnessConfig:
     try:
         cfg = msgspec.toml.decode(raw, type=HarnessConfig)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
-        raise ConfigError(f"invalid config {path.name}: {e}") from None
+        hint = next((renamed_hint(*old.split(".")) for old in RENAMED
+                     if f"`{old.split('.')[1]}` - at `$.{old.split('.')[0]}`" in str(e)), "")
+        raise ConfigError(f"invalid config {path.name}: {hint or e}") from None
     return validate(cfg)
+
+
+def upgrade_recorded(d: dict) -> dict:
+    """A config dict recorded in a run's manifest, in today's spelling. Manifests written before a
+    rename carry the old name; they are records, not input, so the old name is read as the new one."""
+    d = {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
+    for old, new in RENAMED.items():
+        (sec, name), (_, new_name) = old.split("."), new.split(".")
+        if name in d.get(sec, {}) and new_name not in d[sec]:
+            d[sec][new_name] = d[sec].pop(name)
+    return d
 
 
 def load_preset(name: str) -> HarnessConfig:
@@ -261,7 +287,7 @@ def apply_sets(cfg: HarnessConfig, sets: list[str] | tuple[str, ...]) -> Harness
         if not eq or not dot or not name:
             raise ConfigError(f"--set expects SECTION.FIELD=VALUE, got {item!r}")
         if not isinstance(d.get(section), dict) or name not in d[section]:
-            raise ConfigError(f"--set {item!r}: the config has no field {section}.{name}")
+            raise ConfigError(f"--set {item!r}: {renamed_hint(section, name) or f'the config has no field {section}.{name}'}")
         try:
             d[section][name] = tomllib.loads(f"v = {text.strip()}")["v"]
         except tomllib.TOMLDecodeError:

@@ -124,6 +124,9 @@ def manifest(cfg, *, candidates, hooks, placement, devices, extra=None) -> dict:
             "sessions": cfg.runtime.sessions,
             "warmup_epochs": 1,
             "chunks_per_session": cfg.video.chunks_per_session,
+            # what a reader counting frames in the media sees (the config counts latent frames)
+            "pixel_frames": {"first_chunk": cfg.video.pixel_frames(0), "later_chunks": cfg.video.pixel_frames(1),
+                             "session": cfg.video.session_frames()},
             "saved_epochs": list(cfg.runtime.save_epochs),
         },
         "versions": versions(),

@@ -187,9 +187,14 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
         summary["error"] = error
     summary["hooks"] = list(opts.hooks)
     if "trace" in opts.hooks and events:
+        import time
+
+        from harness.hooks import DRIVER_REPORT, trace_report
         from harness.hooks.trace import write_trace
 
+        t = time.perf_counter_ns()
         write_trace(events, run_dir / "trace.json")
+        write_json(run_dir / DRIVER_REPORT, trace_report(run_dir / "trace.json", len(events), time.perf_counter_ns() - t))
     summary["candidates"] = list(opts.candidates)
     summary["probes"] = probes
     summary["sessions_completed"] = len(results)

@@ -168,7 +168,12 @@ def _read_json(path: Path) -> dict:
 
 
 def load_meta(run_dir: Path, round_: int, arm: str) -> RunMeta:
-    return RunMeta(round_, arm, os.fspath(run_dir), _read_json(run_dir / "manifest.json"), _read_json(run_dir / "summary.json"))
+    from harness.config import upgrade_recorded
+
+    man = _read_json(run_dir / "manifest.json")
+    if isinstance(man.get("config"), dict):  # a manifest from before a config rename reads as today's
+        man["config"] = upgrade_recorded(man["config"])
+    return RunMeta(round_, arm, os.fspath(run_dir), man, _read_json(run_dir / "summary.json"))
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, object]:
@@ -516,7 +521,7 @@ def render_md(res: CompareResult) -> str:
         "",
         f"**Verdict @ {res.reference}: {res.verdict}** — {res.reason}",
         "",
-        f"- gate: **{g.status}** ({g.kind}) — {g.verdict}",
+        f"- **{gate_line(g)}**",
         f"- rounds: {res.rounds_run} of {res.rounds_requested} requested, order {res.order}"
         + (f"; stopped early: {res.stopped_early}" if res.stopped_early else ""),
         f"- protocol per launch: {res.protocol.get('name', 'timing')}, {res.protocol.get('sessions', '?')} sessions "
@@ -531,6 +536,7 @@ def render_md(res: CompareResult) -> str:
     for r in res.rows:
         ab = r.ab
         aa = f"[{r.aa.low:.4f}, {r.aa.high:.4f}] (±{r.noise_floor:.4f})" if r.aa and r.noise_floor is not None else "—"
+        aa += " uninformative" if r.noise_floor is not None and r.noise_floor >= UNINFORMATIVE_FLOOR else ""
         lines.append(
             f"| {r.metric} | {_f(r.baseline_ms)} ms | {_f(r.candidate_ms)} ms | {_f(ab.value if ab else None, '{:.4f}')} | "
             f"{f'[{ab.low:.4f}, {ab.high:.4f}]' if ab else '—'} | {aa} | {_sig(r)} | {g.status} ({g.kind}) |"
@@ -553,12 +559,32 @@ def write_outputs(out: Path, res: CompareResult) -> tuple[Path, Path]:
     return j, md
 
 
+#: An A/A band whose floor reaches this admits a 1.5× (or 2×) change as noise: it resolves nothing.
+UNINFORMATIVE_FLOOR = 0.5
+
+
+def gate_line(g) -> str:
+    """``gate (exact): pass: 28 files …`` — the status said once."""
+    return f"gate ({g.kind}): {g.verdict if g.verdict.startswith(g.status) else f'{g.status}: {g.verdict}'}"
+
+
+def noise_note(r) -> str:
+    if not r.aa or r.noise_floor is None:
+        return ""
+    band = f"A/A noise band [{r.aa.low:.4f}, {r.aa.high:.4f}]"
+    if r.noise_floor >= UNINFORMATIVE_FLOOR:
+        return f"{band} is uninformative (floor ±{r.noise_floor:.2f}: too few rounds/sessions to resolve < 1.5×)"
+    return f"{band} (floor ±{r.noise_floor:.4f})"
+
+
 def summary_lines(res: CompareResult) -> list[str]:
-    out = [f"gate: {res.gate.status} ({res.gate.kind}) — {res.gate.verdict}"]
+    out = [gate_line(res.gate)]
     for r in res.rows:
         if r.ab:
             out.append(f"  {r.metric:<34} {_f(r.baseline_ms)} → {_f(r.candidate_ms)} ms  ratio {r.ab.value:.4f} "
                        f"[{r.ab.low:.4f}, {r.ab.high:.4f}]  {r.verdict}")
+            if note := noise_note(r):
+                out.append(f"  {'':<34} {note}")
         else:
             out.append(f"  {r.metric:<34} {r.reason}")
     out.append(f"verdict @ {res.reference}: {res.verdict}")

@@ -25,6 +25,7 @@ This module imports neither torch nor nvtx; ``activate`` loads what the set need
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
@@ -170,6 +171,8 @@ class ActiveHooks:
         self.profile: Any = None
         self.capture: Any = None
         self._ran: dict[str, Any] = {}
+        self._files: list[Path] = []
+        self._overhead_ns = {"start": 0, "close": 0}
         self._open = False
 
     def _name(self, stem: str, ext: str) -> Path:
@@ -177,11 +180,13 @@ class ActiveHooks:
 
     def __enter__(self) -> "ActiveHooks":
         self._open = True
+        t = time.perf_counter_ns()
         try:
             self._start()
         except BaseException:
             self.close()  # nothing half-on: a failed start switches off what it switched on
             raise
+        self._overhead_ns["start"] = time.perf_counter_ns() - t
         return self
 
     def _start(self) -> None:
@@ -190,7 +195,6 @@ class ActiveHooks:
             from harness.hooks import nvtx_ranges
 
             nvtx_ranges.enable(self._nvtx_backend)
-            self._ran["nvtx"] = True
         if h.profile is not None:
             from harness.hooks.profile import ProfileWindow
 
@@ -218,6 +222,7 @@ class ActiveHooks:
         if not self._open:
             return
         self._open = False
+        t = time.perf_counter_ns()
         try:
             if self.recorder is not None:
                 self.recorder.__exit__(None, None, None)
@@ -228,23 +233,58 @@ class ActiveHooks:
                 spath.write_text(json.dumps(summary, indent=1))
                 self._ran["dispatch"] = {"mode": self.hooks.dispatch, "calls": summary["calls"],
                                          "total_flops": summary["total_flops"], "summary": spath.name,
-                                         "records": self.recorder.path.name if self.recorder.path else None}
+                                         "records": self.recorder.path.name if self.recorder.path else None,
+                                         "record_ms": self.recorder.record_ns / 1e6}
+                self._files += [spath] + ([self.recorder.path] if self.recorder.path else [])
         finally:
             if self.capture is not None:
                 self.capture.__exit__(None, None, None)
                 self._ran["capture"] = self.capture.status()
+                self._files.append(self.capture.dir)
             if self.profile is not None:
                 context.remove_listener(self.profile)
                 self.profile.close()
                 self._ran["profile"] = self.profile.status()
+                if self.profile.state == "done":
+                    self._files.append(self.profile.path)
             if self.hooks.nvtx:
                 from harness.hooks import nvtx_ranges
 
+                self._ran["nvtx"] = {"ranges": nvtx_ranges.STATS["ranges"], "push_pop_ms": nvtx_ranges.STATS["ns"] / 1e6}
                 nvtx_ranges.disable()
+            self._overhead_ns["close"] = time.perf_counter_ns() - t
 
     def report(self) -> dict[str, Any]:
-        """What this process actually ran (for the manifest/summary)."""
-        return {"requested": list(self.hooks.items()), "label": self.label, **self._ran}
+        """What this process's hooks did: per hook that ran here, its counts and measured cost;
+        the files they wrote (bytes; a directory's total); hooks requested that run elsewhere; and
+        the time spent switching the hooks on and off. For the run directory's ``hooks.*.json``."""
+        out: dict[str, Any] = {"requested": list(self.hooks.items()), "label": self.label, **self._ran}
+        if self.hooks.trace:
+            out["elsewhere"] = {"trace": f"trace.json is built by the driver from events.jsonl after the run ({DRIVER_REPORT})"}
+        if self._ran:
+            out["files"] = {p.name: _size(p) for p in self._files}
+            out["overhead_ms"] = {"start": self._overhead_ns["start"] / 1e6, "close": self._overhead_ns["close"] / 1e6,
+                                  **{f"{k}_in_run": v for k, v in (("nvtx", self._ran.get("nvtx", {}).get("push_pop_ms")),
+                                                                    ("dispatch", self._ran.get("dispatch", {}).get("record_ms")))
+                                     if v is not None}}
+        return out
+
+
+#: What the driver's hooks did (the trace), beside the workers' ``hooks.<role><rank>.json``.
+DRIVER_REPORT = "hooks.driver.json"
+
+
+def _size(p: Path) -> int:
+    if p.is_dir():
+        return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+    return p.stat().st_size if p.exists() else 0
+
+
+def trace_report(path: Path, n_events: int, build_ns: int) -> dict[str, Any]:
+    """The driver's hook report: the trace it built after the run."""
+    return {"requested": ["trace"], "label": "driver",
+            "trace": {"file": path.name, "chunks": n_events, "build_ms": build_ns / 1e6},
+            "files": {path.name: _size(path)}, "overhead_ms": {"trace_after_run": build_ns / 1e6}}
 
 
 def activate(hooks: str | Iterable[str] | HookSet | None, *, out_dir: str | Path, label: str = "", nvtx_backend: Any = None) -> ActiveHooks:

@@ -27,6 +27,7 @@ mode; under ``torch.compile`` the mode would see the compiled graph's ops, not t
 from __future__ import annotations
 
 import io
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
@@ -122,6 +123,8 @@ class DispatchRecorder(TorchDispatchMode):
         self._fmode: _SdpaExtent | None = None
         self._entered = False
         self.calls = 0
+        #: time spent recording (FLOP formulas, aggregation, JSON), outside the ops themselves
+        self.record_ns = 0
         self.closed = False
 
     # ---- mode plumbing ---------------------------------------------------------------------
@@ -151,7 +154,9 @@ class DispatchRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        t = time.perf_counter_ns()
         self._record(func, args, kwargs, out)
+        self.record_ns += time.perf_counter_ns() - t
         return out
 
     # ---- recording ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Any
 
 from harness.hooks import context
@@ -30,6 +31,9 @@ COLORS = {
 }
 
 _NULL = contextlib.nullcontext()
+#: Ranges pushed since ``enable`` and the time spent pushing and popping them (this process's
+#: measured NVTX overhead, timer included), for the hook report.
+STATS = {"ranges": 0, "ns": 0}
 _backend: Any = None
 _listener: "_PhaseRanges | None" = None
 
@@ -113,10 +117,15 @@ class _PhaseRanges:
         self.backend = backend
 
     def enter(self, fields, phase, parent) -> None:
+        t = time.perf_counter_ns()
         self.backend.push(range_name(fields), range_category(fields))
+        STATS["ranges"] += 1
+        STATS["ns"] += time.perf_counter_ns() - t
 
     def exit(self, fields, phase, parent) -> None:
+        t = time.perf_counter_ns()
         self.backend.pop()
+        STATS["ns"] += time.perf_counter_ns() - t
 
 
 class _Range:
@@ -126,10 +135,15 @@ class _Range:
         self.name, self.category, self.backend = name, category, backend
 
     def __enter__(self) -> None:
+        t = time.perf_counter_ns()
         self.backend.push(self.name, self.category)
+        STATS["ranges"] += 1
+        STATS["ns"] += time.perf_counter_ns() - t
 
     def __exit__(self, *exc: object) -> None:
+        t = time.perf_counter_ns()
         self.backend.pop()
+        STATS["ns"] += time.perf_counter_ns() - t
 
 
 def range(name: str, category: str = "range"):  # noqa: A001 (mirrors nvtx's vocabulary)
@@ -146,6 +160,7 @@ def enable(backend: Any = None) -> Any:
     _backend = backend if backend is not None else NvtxBackend()
     _listener = _PhaseRanges(_backend)
     context.add_listener(_listener)
+    STATS.update(ranges=0, ns=0)
     ENABLED = True
     return _backend
 

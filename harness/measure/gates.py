@@ -17,6 +17,10 @@ Gates, with run A the reference:
 
 Both: a file or record present on one side only fails, an unreadable file fails, a non-finite value
 (NaN/Inf) anywhere fails, and comparing nothing fails — a gate never passes by skipping.
+
+Runs of different session counts (``--sessions 3`` against ``--sessions 6``) are compared on the
+sessions (epochs) both hold; the verdict names the epochs only one run has, which are not compared.
+Within a common epoch every chunk must be on both sides.
 """
 
 from __future__ import annotations
@@ -262,6 +266,26 @@ class GateResult(msgspec.Struct, frozen=True):
     n_compared: int
     n_failed: int
     thresholds: Thresholds | None = None
+    #: Epochs only one run holds (different session counts): set aside, not compared.
+    only_a: list[int] = []
+    only_b: list[int] = []
+
+
+def _epoch_of(rel: str) -> int:
+    return int(_FILE_RE.match(rel).group(1))
+
+
+def _spans(epochs: list[int]) -> str:
+    return f"{epochs[0]}–{epochs[-1]}" if epochs == list(range(epochs[0], epochs[-1] + 1)) and len(epochs) > 1 \
+        else ", ".join(map(str, epochs))
+
+
+def common_epochs(fa: set[str], fb: set[str], ha: dict, hb: dict) -> tuple[set[int], list[int], list[int]]:
+    """(epochs both runs hold, epochs only A holds, only B): an epoch is held when its hash records
+    or saved files exist."""
+    ea = {e for e, _ in ha} | {_epoch_of(f) for f in fa}
+    eb = {e for e, _ in hb} | {_epoch_of(f) for f in fb}
+    return ea & eb, sorted(ea - eb), sorted(eb - ea)
 
 
 def _load(path: Path) -> np.ndarray:
@@ -349,6 +373,12 @@ def gate(run_a: str | Path, run_b: str | Path, kind: GateKind = "threshold", thr
         raise ValueError(f"unknown gate kind {kind!r}")
     run_a, run_b = Path(run_a), Path(run_b)
     fa, fb = set(list_outputs(run_a)), set(list_outputs(run_b))
+    ha, fault_a = _hash_table(run_a, "A")
+    hb, fault_b = _hash_table(run_b, "B")
+    common, only_a, only_b = common_epochs(fa, fb, ha, hb)
+    if only_a or only_b:  # different session counts: the sessions both ran are compared, the rest named
+        fa, fb = {f for f in fa if _epoch_of(f) in common}, {f for f in fb if _epoch_of(f) in common}
+        ha, hb = {k: v for k, v in ha.items() if k[0] in common}, {k: v for k, v in hb.items() if k[0] in common}
     results: list[FileResult] = []
     for rel in sorted(fa | fb):
         if rel not in fa or rel not in fb:
@@ -361,9 +391,8 @@ def gate(run_a: str | Path, run_b: str | Path, kind: GateKind = "threshold", thr
         if partner not in fa and partner not in fb:
             results.append(FileResult(partner, False, reasons=["missing in both runs (its partner exists)"]))
     if not fa and not fb:
-        results.append(FileResult(OUTPUTS_DIR, False, reasons=["no saved outputs in either run"]))
-    ha, fault_a = _hash_table(run_a, "A")
-    hb, fault_b = _hash_table(run_b, "B")
+        results.append(FileResult(OUTPUTS_DIR, False, reasons=["no saved outputs in either run" if not (only_a or only_b)
+                                                               else "no session (epoch) in common"]))
     results += fault_a + fault_b
     if not (fault_a and not ha) and not (fault_b and not hb):
         results.extend(_compare_hashes(ha, hb, kind))
@@ -381,7 +410,11 @@ def gate(run_a: str | Path, run_b: str | Path, kind: GateKind = "threshold", thr
         verdict = f"fail: {len(failed)} of {len(results)} checks — {head}{more}"
     else:
         verdict = f"pass: {n_files} files and {len(results) - n_files} hash records {'identical' if kind == 'exact' else 'within threshold'}"
+    if only_a or only_b:
+        held = "; ".join(f"run {side} alone holds epochs {_spans(e)}" for side, e in (("A", only_a), ("B", only_b)) if e)
+        verdict += f" — compared the {len(common)} sessions both runs hold (epochs {_spans(sorted(common))}); {held}, not compared" \
+            if common else f" — {held}"
     return GateResult(
         kind, os.fspath(run_a), os.fspath(run_b), not failed, verdict, results, len(results), len(failed),
-        thresholds if kind == "threshold" else None,
+        thresholds if kind == "threshold" else None, only_a, only_b,
     )

@@ -3,14 +3,18 @@
 Plots (matplotlib, Agg backend: headless, no display needed):
 
 - ``intervals_hist.png`` / ``intervals_cdf.png``: steady delivery intervals per boundary, runs overlaid.
-- ``stages_per_chunk.png``: per chunk index, the median of every segment of ``metrics.SEGMENTS``
-  over the measured sessions, stacked; one panel per run, side by side (Case D vs Case E).
-- ``timeline.png``: one measured session as a Gantt chart, one lane per process (DiT rank 0,
-  VAE rank 0, IPC, encoder, sink); one panel per run.
-- ``ttfc.png``: TTFC per boundary (median, with min–max whiskers over sessions), runs grouped.
+- ``stages_per_chunk.png``: per chunk index, the nearest-rank P50 of every segment of
+  ``metrics.SEGMENTS`` over the measured sessions, stacked; one panel per run (Case D vs Case E).
+- ``timeline.png``: one measured session as a Gantt chart, one lane per process of the run (the
+  driver, every DiT and VAE rank, the encoder, the sink or client); one panel per run.
+- ``ttfc.png``: TTFC per boundary (nearest-rank P50 — the report's table — with min–max
+  whiskers over sessions), runs grouped.
+- ``slowest_intervals.png`` (long-tail runs): the slowest steady intervals, each broken down by
+  stage, beside the median chunk.
 
-The figures come from small pure functions over the event table (``ecdf``, ``per_chunk_stages``,
-``timeline_bars``, ``ttfc_by_boundary``) so that what is drawn can be tested without drawing it.
+Every plot and table computes its figures with the same functions (``summary.dist`` over
+``metrics``), labels them from ``measure.figures``, and each plot function returns the values it
+drew (``Plotted``) so that what is drawn can be tested without reading pixels.
 """
 
 from __future__ import annotations
@@ -22,20 +26,20 @@ from typing import Sequence
 import msgspec
 import numpy as np
 
+from harness.measure import figures as F
 from harness.measure import metrics as M
+from harness.measure import stats as S
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, read_run
-from harness.measure.summary import SUMMARY_FILE, build_summary
+from harness.measure.summary import SUMMARY_FILE, build_summary, dist
 
 PLOT_BOUNDARIES: tuple[str, ...] = ("cpu_ready", "encoded", "delivered")
-#: Gantt lanes: the process that spends each segment (ipc is the hop into the encoder process).
-LANES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("DiT rank 0", ("dit",)),
-    ("VAE rank 0", ("decode", "convert", "d2h")),
-    ("IPC", ("ipc",)),
-    ("encoder", ("encode",)),
-    ("sink", ("sink",)),
-)
+#: Gantt lanes: the process that spends each segment. Only rank 0 of a group records
+#: boundaries; the other ranks run the same forward/decode in lockstep (every layer has a
+#: collective), so their lanes show the group's span as rank 0 timed it, drawn hatched.
+DRIVER_STAGES = ("dit_queue", "latent_ipc", "decode_wait", "decode_queue")
+DIT_STAGES, VAE0_STAGES, VAE_STAGES = ("dit",), ("decode", "convert", "d2h"), ("decode",)
 PLOTS: tuple[str, ...] = ("intervals_hist.png", "intervals_cdf.png", "stages_per_chunk.png", "timeline.png", "ttfc.png")
+SLOWEST_PLOT = "slowest_intervals.png"
 DPI = 100
 
 
@@ -55,17 +59,27 @@ class Bar(msgspec.Struct, frozen=True):
     chunk: int
     start_ms: float
     dur_ms: float
+    #: True on a lane whose process did not time the span itself (a group's rank ≥ 1)
+    lockstep: bool = False
+
+
+class Plotted(msgspec.Struct, frozen=True):
+    """A written plot and the values drawn in it (per run label), for tests and readers."""
+
+    path: Path
+    values: dict
 
 
 # ---- loading -------------------------------------------------------------------------------
 
 
 def run_label(manifest: dict, run_dir: str) -> str:
-    """"case-d", "case-e +H5a" …; the directory name when there is no manifest."""
+    """"case-d", "case-e +H5a", "case-d websocket" …; the directory name when there is no manifest."""
     if not manifest:
         return Path(run_dir).name
     cands = manifest.get("candidates") or []
-    return manifest.get("scheduler", "?") + (f" +{'+'.join(cands)}" if cands else "")
+    served = " websocket" if (manifest.get("protocol") or {}).get("name") == "websocket" else ""
+    return manifest.get("scheduler", "?") + (f" +{'+'.join(cands)}" if cands else "") + served
 
 
 def window_of(summary: dict) -> M.Window:
@@ -113,14 +127,14 @@ def ecdf(values: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def per_chunk_stages(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart], window: M.Window) -> dict[int, dict[str, float]]:
-    """chunk index → segment → median ms over measured, non-cancelled sessions (negative
+    """chunk index → segment → nearest-rank P50 ms over measured, non-cancelled sessions (negative
     segments, an ordering fault, are left out rather than drawn below the axis)."""
     acc: dict[int, dict[str, list[int]]] = {}
     for e in M.measured_chunks(events, sessions, window, include_cancelled=False):
         for name, d in M.stage_durations(e).items():
             if d >= 0:
                 acc.setdefault(e.chunk, {}).setdefault(name, []).append(d)
-    return {c: {n: float(np.median(v)) / 1e6 for n, v in st.items()} for c, st in sorted(acc.items())}
+    return {c: {n: S.nearest_rank(v, 50) / 1e6 for n, v in st.items()} for c, st in sorted(acc.items())}
 
 
 def pick_session(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart], window: M.Window) -> tuple[int, int] | None:
@@ -134,7 +148,25 @@ def pick_session(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart],
     return order[0] if order else None
 
 
-def timeline_bars(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart], key: tuple[int, int]) -> list[Bar]:
+def lanes_of(manifest: dict) -> list[tuple[str, tuple[str, ...], bool]]:
+    """(lane, stages, lockstep) for every process of the run, from its manifest (one of each
+    when there is none)."""
+    cfg = manifest.get("config", {})
+    par = cfg.get("parallel", {})
+    sp, vae = int(par.get("sp", 1)), int(par.get("vae_ranks", 1))
+    stream = cfg.get("runtime", {}).get("sink") == "stream"
+    lanes = [("driver", DRIVER_STAGES, False)]
+    lanes += [(f"DiT rank {r}", DIT_STAGES, r > 0) for r in range(sp)]
+    lanes += [(f"VAE rank {r}", VAE0_STAGES if r == 0 else VAE_STAGES, r > 0) for r in range(vae)]
+    if stream:  # the client acknowledges: "delivered" is its clock
+        lanes += [("encoder", ("ipc", "encode"), False), ("client", ("sink",), False)]
+    else:  # the file sink writes inside the encoder process
+        lanes += [("encoder", ("ipc", "encode", "sink"), False)]
+    return lanes
+
+
+def timeline_bars(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart], key: tuple[int, int],
+                  manifest: dict | None = None) -> list[Bar]:
     """Every lane's segments of one session, in ms from its start (or its first submit)."""
     chunks = M.session_table(events).get(key, {})
     start = {s.key: s.start_ns for s in sessions}.get(key)
@@ -145,24 +177,45 @@ def timeline_bars(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart]
     out = []
     for c in sorted(chunks):
         e = chunks[c]
-        for lane, stages in LANES:
+        for lane, stages, lockstep in lanes_of(manifest or {}):
             for st in stages:
                 a, b = e.at(seg[st][0]), e.at(seg[st][1])
                 if a is not None and b is not None and b >= a:
-                    out.append(Bar(lane, st, c, (a - start) / 1e6, (b - a) / 1e6))
+                    out.append(Bar(lane, st, c, (a - start) / 1e6, (b - a) / 1e6, lockstep))
     return out
 
 
 def ttfc_by_boundary(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart], window: M.Window) -> dict[str, tuple[float, float, float]]:
-    """boundary → (median, min, max) TTFC in ms over measured sessions, boundaries in data-flow order."""
+    """boundary → (P50, min, max) TTFC in ms over measured sessions, boundaries in data-flow order;
+    the same ``summary.dist`` as the report's TTFC table, so the P50 is the nearest-rank one."""
     out = {}
     if not sessions:
         return out
     for b in M.boundaries_seen(events):
-        v = M.ttfc(events, sessions, b, window).ns() / 1e6
-        if v.size:
-            out[b] = (float(np.median(v)), float(v.min()), float(v.max()))
+        d = dist(M.ttfc(events, sessions, b, window).ns())
+        if d.n:
+            out[b] = (d.p50_ms, d.min_ms, d.max_ms)
     return out
+
+
+def slowest_stages(long_tail: dict) -> tuple[list[str], list[tuple[str, dict[str, float], float]]]:
+    """(stages, rows) of a long-tail summary: the stages between reference(i−1) and reference(i)
+    (gap + the segments up to the reference boundary), and per row (label, stage → ms, interval ms);
+    the first row is the median chunk, then the slowest samples, slowest first."""
+    ref = long_tail["reference"]
+    upto = BOUNDARIES.index(ref)
+    stages = ["gap"] + [n for n, _, end in M.SEGMENTS if BOUNDARIES.index(end) <= upto]
+    slow = long_tail.get("slowest") or []
+    if not slow:
+        return stages, []
+    first = slow[0]
+    rows = [("median chunk", {n: first["stages"][n]["median_ms"] for n in stages
+                              if n in first["stages"] and first["stages"][n]["median_ms"] is not None},
+             first["median_ms"])]
+    for x in slow:
+        rows.append((f"#{x['rank']} s{x['session']} c{x['chunk']}",
+                     {n: x["stages"][n]["ms"] for n in stages if n in x["stages"]}, x["interval_ms"]))
+    return stages, rows
 
 
 # ---- plots ---------------------------------------------------------------------------------
@@ -188,16 +241,23 @@ def _empty(ax, text: str = "no samples") -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, path: Path, values: dict) -> Plotted:
     fig.tight_layout()
     fig.savefig(path, dpi=DPI, bbox_inches="tight")  # keeps legends placed outside the axes
     _plt().close(fig)
-    return path
+    return Plotted(path, values)
 
 
-def plot_intervals(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Path:
+def _integer_counts(axis) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))  # counts: no fractional ticks
+
+
+def plot_intervals(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Plotted:
     plt = _plt()
     fig, axes = plt.subplots(1, len(PLOT_BOUNDARIES), figsize=(4.2 * len(PLOT_BOUNDARIES), 3.6), squeeze=False)
+    values: dict = {}
     for ax, b in zip(axes[0], PLOT_BOUNDARIES):
         data = [(steady_ms(v, b), l) for v, l in zip(views, labels)]
         data = [(x, l) for x, l in data if x.size]
@@ -206,43 +266,63 @@ def plot_intervals(views: Sequence[RunView], labels: Sequence[str], path: Path) 
             bins = np.linspace(lo, hi if hi > lo else lo + 1, 21)
             for x, l in data:
                 ax.hist(x, bins=bins, alpha=0.55, label=f"{l} (n={x.size})")
+                values.setdefault(l, {})[b] = x.tolist()
             ax.legend(fontsize=7)
         else:
             _empty(ax)
-        ax.set_title(f"steady interval @ {b}")
+        ax.set_title(f"steady delivery interval @ {b}")
         ax.set_xlabel("ms")
-        ax.set_ylabel("intervals")
-    return _save(fig, path)
+        ax.set_ylabel("intervals (count)")
+        _integer_counts(ax.yaxis)
+    return _save(fig, path, values)
 
 
-def plot_cdf(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Path:
+def plot_cdf(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Plotted:
     plt = _plt()
     fig, axes = plt.subplots(1, len(PLOT_BOUNDARIES), figsize=(4.2 * len(PLOT_BOUNDARIES), 3.6), squeeze=False)
+    values: dict = {}
     for ax, b in zip(axes[0], PLOT_BOUNDARIES):
         drawn = False
         for v, l in zip(views, labels):
             x, y = ecdf(steady_ms(v, b))
             if x.size:
                 ax.step(np.r_[x[0], x], np.r_[0.0, y], where="post", label=l)  # rises from 0 at the minimum
+                values.setdefault(l, {})[b] = x.tolist()
                 drawn = True
         if drawn:
             ax.legend(fontsize=7)
             ax.set_ylim(0, 1.02)
         else:
             _empty(ax)
-        ax.set_title(f"CDF of steady interval @ {b}")
+        ax.set_title(f"CDF of steady delivery interval @ {b}")
         ax.set_xlabel("ms")
-        ax.set_ylabel("fraction ≤ x")
+        ax.set_ylabel("fraction of intervals ≤ x")
         ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return _save(fig, path, values)
 
 
-def plot_stages(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Path:
+def _legend_outside(axes, order: Sequence[str]) -> None:
+    """One legend for all panels, outside them (so no bar is hidden), in ``order``."""
+    handles, names = [], []
+    for ax in axes:
+        for h, n in zip(*ax.get_legend_handles_labels()):
+            if n not in names:
+                handles.append(h)
+                names.append(n)
+    if handles:
+        idx = sorted(range(len(names)), key=lambda i: order.index(names[i]) if names[i] in order else len(order))
+        axes[-1].legend([handles[i] for i in idx], [names[i] for i in idx], fontsize=7,
+                        loc="upper left", bbox_to_anchor=(1.01, 1.0))
+
+
+def plot_stages(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Plotted:
     plt = _plt()
     colors = _stage_colors()
     fig, axes = plt.subplots(1, len(views), figsize=(5.5 * len(views), 4.2), squeeze=False, sharey=True)
+    values: dict = {}
     for ax, v, l in zip(axes[0], views, labels):
         table = per_chunk_stages(v.events, v.sessions, v.window)
+        values[l] = table
         if not table:
             _empty(ax)
         chunks = list(table)
@@ -252,54 +332,51 @@ def plot_stages(views: Sequence[RunView], labels: Sequence[str], path: Path) -> 
             if h.any():
                 ax.bar(chunks, h, bottom=bottom, color=colors[name], label=name, width=0.8)
                 bottom += h
-        ax.set_title(f"{l}: median stage time per chunk")
+        ax.set_title(f"{l}: P50 (nearest rank) of each stage per chunk")
         ax.set_xlabel("chunk")
-        ax.set_ylabel("ms (submit → delivered)")
+        ax.set_ylabel("ms, stacked (submit → delivered)")
         if chunks:
             ax.set_xticks(chunks)
-    handles, names = [], []
-    for ax in axes[0]:  # one legend for all panels, outside them, so no bar is hidden
-        for h, n in zip(*ax.get_legend_handles_labels()):
-            if n not in names:
-                handles.append(h)
-                names.append(n)
-    if handles:
-        order = sorted(range(len(names)), key=lambda i: M.SEGMENT_NAMES.index(names[i]))
-        axes[0][-1].legend([handles[i] for i in order], [names[i] for i in order], fontsize=7,
-                           loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return _save(fig, path)
+    _legend_outside(list(axes[0]), M.SEGMENT_NAMES)
+    return _save(fig, path, values)
 
 
-def plot_timeline(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Path:
+def plot_timeline(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Plotted:
     plt = _plt()
     colors = _stage_colors()
-    fig, axes = plt.subplots(len(views), 1, figsize=(11, 2.6 * len(views) + 0.6), squeeze=False)
-    lanes = [name for name, _ in LANES]
+    n_lanes = [len(lanes_of(v.manifest)) for v in views]
+    fig, axes = plt.subplots(len(views), 1, figsize=(11, sum(0.38 * n + 1.2 for n in n_lanes) + 0.4), squeeze=False,
+                             gridspec_kw={"height_ratios": n_lanes})
+    values: dict = {}
     for ax, v, l in zip(axes[:, 0], views, labels):
+        lanes = [name for name, _, _ in lanes_of(v.manifest)]
         key = pick_session(v.events, v.sessions, v.window)
-        bars = timeline_bars(v.events, v.sessions, key) if key else []
+        bars = timeline_bars(v.events, v.sessions, key, v.manifest) if key else []
+        values[l] = {"session": key, "lanes": lanes, "bars": [msgspec.to_builtins(b) for b in bars]}
         if not bars:
             _empty(ax, "no session")
         seen = set()
         for bar in bars:
             y = lanes.index(bar.lane)
             ax.barh(y, bar.dur_ms, left=bar.start_ms, height=0.6, color=colors[bar.stage], edgecolor="k", linewidth=0.3,
+                    hatch="///" if bar.lockstep else None, alpha=0.6 if bar.lockstep else 1.0,
                     label=bar.stage if bar.stage not in seen else None)
             seen.add(bar.stage)
-            if bar.stage in ("dit", "decode", "encode") and bar.dur_ms > 0:
+            if bar.stage in ("dit", "decode", "encode") and bar.dur_ms > 0 and not bar.lockstep:
                 ax.text(bar.start_ms + bar.dur_ms / 2, y, str(bar.chunk), ha="center", va="center", fontsize=6)
         ax.set_yticks(range(len(lanes)))
-        ax.set_yticklabels(lanes)
-        ax.invert_yaxis()
+        ax.set_yticklabels(lanes, fontsize=8)
+        ax.set_ylim(len(lanes) - 0.5, -0.5)
         title = f"{l}: session {key[0]} (epoch {key[1]})" if key else l
-        ax.set_title(f"{title} — chunk index on the bars")
+        ax.set_title(f"{title}, every process — chunk index on the bars; hatched: the group's span timed on rank 0",
+                     fontsize=9)
         ax.set_xlabel("ms since session start")
         if seen:
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return _save(fig, path)
+    return _save(fig, path, values)
 
 
-def plot_ttfc(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Path:
+def plot_ttfc(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Plotted:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(11, 3.8))
     data = [ttfc_by_boundary(v.events, v.sessions, v.window) for v in views]
@@ -309,29 +386,66 @@ def plot_ttfc(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Pa
     width = 0.8 / max(len(views), 1)
     x = np.arange(len(bounds))
     for i, (d, l) in enumerate(zip(data, labels)):
-        med = np.array([d[b][0] if b in d else np.nan for b in bounds])
+        p50 = np.array([d[b][0] if b in d else np.nan for b in bounds])
         lo = np.array([d[b][0] - d[b][1] if b in d else 0 for b in bounds])
         hi = np.array([d[b][2] - d[b][0] if b in d else 0 for b in bounds])
-        ax.bar(x + i * width - 0.4 + width / 2, med, width, yerr=[lo, hi], capsize=2, label=l)
+        ax.bar(x + i * width - 0.4 + width / 2, p50, width, yerr=[lo, hi], capsize=2, label=l)
     ax.set_xticks(x)
     ax.set_xticklabels(bounds, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("ms from session start")
-    ax.set_title("time to first chunk per boundary (median; whiskers: min–max over sessions)")
+    ax.set_title(f"time to first chunk per boundary: bar = {F.label('ttfc_p50')} (nearest rank, as in the table); "
+                 "whiskers: min–max over sessions", fontsize=9)
     if bounds:
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _save(fig, path, dict(zip(labels, data)))
 
 
-def render_plots(views: Sequence[RunView], out: Path) -> list[Path]:
+def plot_slowest(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Plotted:
+    """Per long-tail run, the slowest steady intervals as stacked stage bars beside the median chunk."""
+    plt = _plt()
+    colors = {**_stage_colors(), "gap": (0.55, 0.55, 0.55, 1.0)}
+    tails = [(v.summary["long_tail"], l) for v, l in zip(views, labels) if (v.summary.get("long_tail") or {}).get("slowest")]
+    rows_of = [slowest_stages(lt) for lt, _ in tails]
+    fig, axes = plt.subplots(len(tails), 1, figsize=(11, sum(0.32 * len(r) + 1.3 for _, r in rows_of)), squeeze=False,
+                             gridspec_kw={"height_ratios": [len(r) for _, r in rows_of]})
+    values: dict = {}
+    for ax, (lt, l), (stages, rows) in zip(axes[:, 0], tails, rows_of):
+        values[l] = rows
+        seen: set[str] = set()
+        for y, (name, st, interval) in enumerate(rows):
+            left = 0.0
+            for n in stages:
+                w = st.get(n, 0.0)
+                if w > 0:
+                    ax.barh(y, w, left=left, height=0.6, color=colors[n], edgecolor="k", linewidth=0.3,
+                            label=None if n in seen else n)
+                    seen.add(n)
+                    left += w
+            ax.plot([interval], [y], marker="D", color="k", markersize=5, label="interval" if y == 0 else None)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([r[0] for r in rows], fontsize=8)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set_xlabel("ms")
+        ax.set_title(f"{l}: slowest steady intervals @ {lt['reference']}, slowest first\n"
+                     f"chunk i's stages from gap (cpu_ready(i−1) → submit(i)) up to {lt['reference']}, stacked; "
+                     "◆ = the interval (stacks exceed it where stages overlap, Case E)", fontsize=9)
+    _legend_outside(list(axes[:, 0]), ["gap", *M.SEGMENT_NAMES, "interval"])
+    return _save(fig, path, values)
+
+
+def render_plots(views: Sequence[RunView], out: Path) -> list[Plotted]:
     labels = unique_labels(views)
     out.mkdir(parents=True, exist_ok=True)
-    return [
+    plotted = [
         plot_intervals(views, labels, out / PLOTS[0]),
         plot_cdf(views, labels, out / PLOTS[1]),
         plot_stages(views, labels, out / PLOTS[2]),
         plot_timeline(views, labels, out / PLOTS[3]),
         plot_ttfc(views, labels, out / PLOTS[4]),
     ]
+    if any((v.summary.get("long_tail") or {}).get("slowest") for v in views):
+        plotted.append(plot_slowest(views, labels, out / SLOWEST_PLOT))
+    return plotted
 
 
 # ---- markdown ------------------------------------------------------------------------------
@@ -345,56 +459,83 @@ def _ci(ci) -> str:
     return "—" if not ci else f"[{ci[0]:.1f}, {ci[1]:.1f}]"
 
 
+BOUNDARY_COLUMNS = ("boundary", "n", "sessions", "interval_p50", "interval_p50_ci", "interval_p99", "interval_p99_ci",
+                    "interval_max", "fps_mean", "fps_median")
+HEADLINE_COLUMNS = ("boundary", "fps_mean", "fps_median", "interval_p50", "interval_p99", "ttfc_p50", "n")
+TTFC_COLUMNS = ("boundary", "n", "ttfc_p50", "ttfc_min", "ttfc_max")
+STAGE_COLUMNS = ("stage", "span", "n", "stage_p50", "stage_mean", "stage_share", "stage_of_interval")
+HANDOFF_COLUMNS = ("handoff_p50", "n")
+BLOCKED_COLUMNS = ("blocked_stage", "blocked_total", "blocked_max", "chunks_blocked")
+SLOWEST_COLUMNS = ("rank", "epoch", "chunk", "slow_interval", "slow_excess", "slow_grew", "slow_first_late")
+#: Figures a report defines; the definition table at its end lists them all, once.
+REPORT_FIGURES = tuple(dict.fromkeys(BOUNDARY_COLUMNS + HEADLINE_COLUMNS + TTFC_COLUMNS + STAGE_COLUMNS + HANDOFF_COLUMNS
+                                     + BLOCKED_COLUMNS + SLOWEST_COLUMNS + ("p99_is_max",)))
+
+
+def _p99(d: dict) -> str:
+    return f"{_f(d['p99_ms'])}{'*' if d['p99_is_max'] else ''}"
+
+
 def run_section(view: RunView, label: str) -> list[str]:
     s = view.summary
     h = s.get("headline", {})
     w = s.get("window", {})
+    sched = view.manifest.get("scheduler")
     lines = [
         f"## {label}",
         "",
-        f"`{view.dir}` — status {s.get('status', '?')}, valid {s.get('valid', '?')}"
-        + (f", flags: {', '.join(s['flags'])}" if s.get("flags") else ""),
-        "",
-        f"Headline @ {h.get('boundary', '?')}: steady FPS {_f(h.get('fps_steady'), '{:.2f}')}, "
-        f"interval P50 {_f(h.get('p50_ms'))} ms, P99 {_f(h.get('p99_ms'))} ms"
-        + (" (= max, < 100 samples)" if h.get("p99_is_max") else "")
-        + f", TTFC P50 {_f(h.get('ttfc_p50_ms'))} ms, n = {h.get('n', 0)}.",
+        f"`{view.dir}` — valid {s.get('valid', '?')}" + (f", flags: {', '.join(s['flags'])}" if s.get("flags") else ""),
         "",
         f"Window: {w.get('definition', '?')}. Percentiles: {w.get('percentile_rule', '?')}.",
         "",
-        "| boundary | n | sessions | P50 ms | P50 95 % CI | P99 ms | P99 95 % CI | max ms | FPS steady |",
-        "|---|---:|---:|---:|---|---:|---|---:|---:|",
+        "Headline (reference boundary):",
+        "",
+        *F.header(HEADLINE_COLUMNS),
+        f"| {h.get('boundary', '?')} | {_f(h.get('fps_steady'), '{:.2f}')} | {_f(h.get('fps_median'), '{:.2f}')} | "
+        f"{_f(h.get('p50_ms'))} | {_f(h.get('p99_ms'))}{'*' if h.get('p99_is_max') else ''} | "
+        f"{_f(h.get('ttfc_p50_ms'))} | {h.get('n', 0)} |",
+        "",
+        "Steady delivery intervals per boundary:",
+        "",
+        *F.header(BOUNDARY_COLUMNS),
     ]
     for b, bs in s.get("boundaries", {}).items():
         iv = bs["intervals"]
         lines.append(f"| {b} | {iv['n']} | {bs['n_sessions']} | {_f(iv['p50_ms'])} | {_ci(bs['p50_ci_ms'])} | "
-                     f"{_f(iv['p99_ms'])}{'*' if iv['p99_is_max'] else ''} | {_ci(bs['p99_ci_ms'])} | {_f(iv['max_ms'])} | "
-                     f"{_f(bs['fps_steady'], '{:.2f}')} |")
-    lines += ["", "\\* P99 is the maximum (fewer than 100 samples).", "",
-              "| TTFC @ | n | P50 ms | min ms | max ms |", "|---|---:|---:|---:|---:|"]
+                     f"{_p99(iv)} | {_ci(bs['p99_ci_ms'])} | {_f(iv['max_ms'])} | "
+                     f"{_f(bs['fps_steady'], '{:.2f}')} | {_f(bs.get('fps_median'), '{:.2f}')} |")
+    lines += ["", f"{F.label('p99_is_max')} {F.define('p99_is_max').formula}.", "", "Time to first chunk:", "",
+              *F.header(TTFC_COLUMNS)]
     for b, d in s.get("ttfc", {}).items():
         lines.append(f"| {b} | {d['n']} | {_f(d['p50_ms'])} | {_f(d['min_ms'])} | {_f(d['max_ms'])} |")
-    lines += ["", "| stage | from → to | n | P50 ms | mean ms | share | of interval |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines += ["", "Stages of a steady chunk:", "", *F.header(STAGE_COLUMNS)]
     for name, st in s.get("stages", {}).items():
         d = st["durations"]
         lines.append(f"| {name} | {st['start']} → {st['end']} | {d['n']} | {_f(d['p50_ms'], '{:.2f}')} | "
                      f"{_f(d['mean_ms'], '{:.2f}')} | {_f(st['share'], '{:.1%}')} | {_f(st['share_of_interval'], '{:.1%}')} |")
     ho = s.get("handoff", {})
     if ho.get("n"):
-        lines += ["", f"Handoff cpu_ready(i−1) → dit_start(i): P50 {_f(ho['p50_ms'], '{:.2f}')} ms (n = {ho['n']})."]
+        lines += ["", *F.header(HANDOFF_COLUMNS, sched), f"| {_f(ho['p50_ms'], '{:.2f}')} | {ho['n']} |"]
     if s.get("blocked"):
-        lines += ["", "| blocked stage | total ms | max ms | chunks blocked |", "|---|---:|---:|---:|"]
+        lines += ["", "Producers blocked on a full queue (every chunk of every measured session):", "",
+                  *F.header(BLOCKED_COLUMNS)]
         for k, bl in s["blocked"].items():
             lines.append(f"| {k} | {_f(bl['total_ms'])} | {_f(bl['max_ms'])} | {bl['chunks_blocked']} / {bl['chunks']} |")
     lt = s.get("long_tail")
     if lt and lt.get("slowest"):
-        lines += ["", f"### slowest steady intervals @ {lt['reference']}", "",
-                  "| # | epoch | chunk | interval ms | +vs median | grew | first late |", "|---:|---:|---:|---:|---:|---|---|"]
+        lines += ["", f"### slowest steady intervals @ {lt['reference']}", "", *F.header(SLOWEST_COLUMNS)]
         for x in lt["slowest"]:
             lines.append(f"| {x['rank']} | {x['epoch']} | {x['chunk']} | {x['interval_ms']:.1f} | {x['excess_ms']:+.1f} | "
                          f"{x['grew'] or '—'} | {x['first_late'] or '—'} |")
     lines.append("")
     return lines
+
+
+def definitions_section(views: Sequence[RunView]) -> list[str]:
+    """Every column and headline figure of the report, defined once (``measure.figures``)."""
+    lines = ["## figure definitions", "", "Every column above, once. "
+             "Labels that read differently under a scheduler are the same figure.", "", *F.table_md(REPORT_FIGURES)]
+    return lines + [""]
 
 
 def production_section(view: RunView, bench: dict | None) -> list[str]:
@@ -418,7 +559,7 @@ def production_section(view: RunView, bench: dict | None) -> list[str]:
     return head + [setup, ""] + P.render_rows(rows, res) + [""]
 
 
-def render_md(views: Sequence[RunView], plots: Sequence[Path], out: Path, production: bool = False,
+def render_md(views: Sequence[RunView], plots: Sequence[Plotted], out: Path, production: bool = False,
               bench: dict | None = None) -> str:
     labels = unique_labels(views)
     lines = ["# harness report", "", "Runs: " + ", ".join(f"**{l}**" for l in labels), ""]
@@ -426,15 +567,17 @@ def render_md(views: Sequence[RunView], plots: Sequence[Path], out: Path, produc
         lines += run_section(v, l)
         if production:
             lines += production_section(v, bench)
+    lines += definitions_section(views)
     lines += ["## plots", ""]
     titles = {
         "intervals_hist.png": "Steady delivery intervals per boundary",
         "intervals_cdf.png": "CDF of steady intervals per boundary",
-        "stages_per_chunk.png": "Per-chunk stage breakdown (median over measured sessions)",
-        "timeline.png": "One measured session, per process",
-        "ttfc.png": "Time to first chunk",
+        "stages_per_chunk.png": "Per-chunk stage breakdown (P50, nearest rank, over measured sessions)",
+        "timeline.png": "One measured session, every process of the run",
+        "ttfc.png": "Time to first chunk (P50 as in the TTFC table; whiskers min–max)",
+        SLOWEST_PLOT: "Slowest steady intervals, broken down by stage",
     }
-    for p in plots:
+    for p in (x.path for x in plots):
         rel = p.relative_to(out) if p.is_relative_to(out) else p
         lines += [f"### {titles.get(p.name, p.name)}", "", f"![{p.stem}]({rel.as_posix()})", ""]
     return "\n".join(lines)

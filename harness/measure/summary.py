@@ -4,18 +4,13 @@ Every duration is in milliseconds (float); a figure with no sample is ``null``, 
 is fixed (every key always present) so that reports and comparisons can rely on it; ``schema`` is
 bumped when it changes.
 
-Definitions used below:
-
-- ``fps_steady`` = total frames of the steady intervals / their total time (the rate a viewer
-  sees); ``fps_median`` = nearest-rank median of per-interval FPS (frames of chunk i / interval i).
-- Percentiles are nearest-rank (``stats``); ``p99_is_max`` is set when fewer than 100 samples
-  made P99 the maximum. ``*_ci_ms`` are session-bootstrap percentile intervals.
-- ``stages[*].share`` = the stage's mean over the sum of all stage means (segments tile
-  submit → delivered, so shares sum to 1 over the recorded ones); ``share_of_interval`` = the
-  stage's mean over the mean steady interval at the reference boundary (> 1 in total under
-  Case E, where stages overlap).
-- ``blocked`` covers every chunk of every measured session (cancelled ones included: the producer
-  really was blocked), not only the steady window.
+Every figure here is defined once, with its label and formula, in ``measure.figures`` (the
+keys below are its ``keys``); the report and the console print those labels. In short:
+``fps_steady`` is Σ frames ÷ Σ intervals (frames ÷ the *mean* interval), ``fps_median`` the
+nearest-rank median of per-interval FPS, percentiles are nearest-rank, ``stages[*].share`` is of the
+sum of stage means and ``share_of_interval`` of the mean steady interval (> 1 in total under Case E).
+``blocked`` covers every chunk of every measured session (cancelled ones included: the producer
+really was blocked), not only the steady window.
 """
 
 from __future__ import annotations
@@ -132,10 +127,11 @@ class Headline(msgspec.Struct, frozen=True):
     boundary: str
     fps_steady: float | None
     p50_ms: float | None
-    p99_ms: float | None
-    p99_is_max: bool
-    ttfc_p50_ms: float | None
-    n: int
+    fps_median: float | None = None
+    p99_ms: float | None = None
+    p99_is_max: bool = False
+    ttfc_p50_ms: float | None = None
+    n: int = 0
 
 
 class Summary(msgspec.Struct, frozen=True):
@@ -314,6 +310,7 @@ def build_summary(
         boundary=reference,
         fps_steady=ref.fps_steady if ref else None,
         p50_ms=ref.intervals.p50_ms if ref else None,
+        fps_median=ref.fps_median if ref else None,
         p99_ms=ref.intervals.p99_ms if ref else None,
         p99_is_max=ref.intervals.p99_is_max if ref else False,
         ttfc_p50_ms=ttfc[reference].p50_ms if reference in ttfc else None,

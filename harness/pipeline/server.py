@@ -575,9 +575,14 @@ def listen_main(args) -> int:
         signal.signal(signal.SIGTERM, lambda *_: server.stop("server shutting down (SIGTERM)"))
     res = serve(cfg, ServeOptions(out=args.out, candidates=tuple(args.candidate), hooks=parse_hooks(args.hooks),
                                   progress=False, faults=faults, probes=False, session_runner=server,
-                                  protocol={"name": "websocket", "listen": args.listen, "window": lo.window}))
-    print(f"run directory: {res.run_dir}")
-    print(f"  sessions served: {len(res.sessions)} ({sum(r.cancelled for r in res.sessions)} cancelled)")
+                                  protocol={"name": "websocket", "listen": args.listen, "window": lo.window,
+                                            # the media went to the clients (DESIGN §10): media/ stays empty
+                                            "media": "client"}))
+    from harness.cli import print_headline
+
+    print_headline(res.run_dir, res.summary)
+    print(f"  sessions served: {len(res.sessions)} ({sum(r.cancelled for r in res.sessions)} cancelled); "
+          "media: with the client (python -m harness client --out DIR), not in media/")
     return 0
 
 

@@ -164,3 +164,22 @@ def test_compare_records_its_setting_and_verdicts_reads_it(h5a_compare):
     head = next(r for r in res["rows"] if r["boundary"] == "cpu_ready" and r["metric"].startswith("steady"))
     assert v.ratio == head["ab"]["value"] and v.noise_floor == head["noise_floor"]
     assert f"{tiny.model.num_layers} layers" in v.setting and "2 rounds × 2 measured sessions per launch" in v.setting
+
+
+def test_compare_prints_the_gate_once_and_calls_a_wide_noise_band_uninformative():
+    from types import SimpleNamespace as NS
+
+    from harness.experiments import compare as C
+
+    gate = NS(kind="exact", status="pass", verdict="pass: 28 files and 21 hash records identical")
+    row = NS(metric="steady interval P50 @ cpu_ready", baseline_ms=633.0, candidate_ms=594.4, reason="",
+             ab=NS(value=0.939, low=0.555, high=1.183), verdict="no resolvable difference",
+             aa=NS(low=0.0625, high=1.9375), noise_floor=0.9375)
+    lines = C.summary_lines(NS(gate=gate, rows=[row], reference="cpu_ready", verdict="no resolvable difference"))
+    assert lines[0] == "gate (exact): pass: 28 files and 21 hash records identical"
+    assert "A/A noise band [0.0625, 1.9375] is uninformative" in lines[2]
+    tight = NS(**{**vars(row), "aa": NS(low=0.97, high=1.03), "noise_floor": 0.03})
+    lines = C.summary_lines(NS(gate=gate, rows=[tight], reference="cpu_ready", verdict="no resolvable difference"))
+    assert "uninformative" not in "\n".join(lines) and "[0.9700, 1.0300]" in lines[2]
+    assert C.gate_line(NS(kind="threshold", status="fail", verdict="2 of 40 files differ")) == \
+        "gate (threshold): fail: 2 of 40 files differ"

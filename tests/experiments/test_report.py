@@ -50,6 +50,7 @@ def test_report_renders_every_plot_headless_from_hand_built_runs(tmp_path, event
         assert_sane_png(tmp_path / "out" / name)
     md = path.read_text()
     assert md.count("| boundary | n | sessions |") == 2  # one summary table per run
+    assert md.count("## figure definitions") == 1  # every column defined once, for all runs
     for name in R.PLOTS:
         assert f"]({name})" in md
 
@@ -76,11 +77,15 @@ def test_figure_data(event_tables):
     assert x.tolist() == [1.0, 2.0, 3.0] and y.tolist() == pytest.approx([1 / 3, 2 / 3, 1.0])
     stages = R.per_chunk_stages(events, starts, M.DEFAULT_WINDOW)
     assert sorted(stages) == list(range(10))
-    assert stages[6]["decode"] == pytest.approx(30)  # median over 3 measured sessions: the stall is one of them
+    assert stages[6]["decode"] == pytest.approx(30)  # P50 over 3 measured sessions: the stall is one of them
     key = R.pick_session(events, starts, M.DEFAULT_WINDOW)
     assert key == (1, 1)  # the first measured session, not the warm-up
-    bars = R.timeline_bars(events, starts, key)
-    assert {b.lane for b in bars} == {lane for lane, _ in R.LANES}
+    bars = R.timeline_bars(events, starts, key)  # no manifest: one process of each kind
+    assert {b.lane for b in bars} == {"driver", "DiT rank 0", "VAE rank 0", "encoder"}
+    manifest = {"config": {"parallel": {"sp": 2, "vae_ranks": 3}}}
+    lanes = {b.lane: b.lockstep for b in R.timeline_bars(events, starts, key, manifest)}
+    assert lanes == {"driver": False, "DiT rank 0": False, "DiT rank 1": True, "VAE rank 0": False,
+                     "VAE rank 1": True, "VAE rank 2": True, "encoder": False}
     assert len([b for b in bars if b.stage == "dit"]) == 10
     dit0 = next(b for b in bars if b.stage == "dit" and b.chunk == 0)
     assert dit0.start_ms == pytest.approx(10 + 1) and dit0.dur_ms == pytest.approx(40)
@@ -148,3 +153,135 @@ def test_report_against_production(tmp_path, event_tables, capsys):
     (tmp_path / "cpu.json").write_text(json.dumps({"preset": "tiny", "flops": {}}))
     assert main(["report", str(d), "--bench", str(tmp_path / "cpu.json")]) != 0
     assert "not a GPU bench-engine" in capsys.readouterr().err
+
+
+# ---- every printed figure resolves to measure.figures ------------------------------------------
+
+
+def table_headers(md: str) -> list[str]:
+    """Header cells of every markdown table except the definition table itself."""
+    lines = md.splitlines()
+    out = []
+    for head, sep in zip(lines, lines[1:]):
+        if head.startswith("|") and sep.startswith("|---") and not head.startswith("| figure | label |"):
+            out += [c.strip() for c in head.strip().strip("|").split("|")]
+    return out
+
+
+def headline_labels(lines: list[str]) -> list[str]:
+    """The figure labels of the console headline: its column header and every 'LABEL[ @ B]: value' line."""
+    import re
+
+    out = []
+    for line in lines:
+        body = line.strip()
+        if body.startswith("boundary "):
+            out += re.split(r"\s{2,}", body)
+        elif body.startswith("* "):
+            out.append("*")
+        elif ": " in body and not body.startswith(("run directory", "sessions served", "summary flags")) \
+                and " = " not in body:
+            out.append(body.rsplit(": ", 1)[0].split(" @ ")[0])
+    return out
+
+
+def summary_figure_keys(summary: dict) -> set[str]:
+    """Keys of every figure-carrying record of summary.json whose value is a number (or null)."""
+    recs = [summary["headline"], summary["handoff"], summary["rollout"], summary["rollout"]["time"]]
+    for section in ("boundaries", "ttfc", "stages", "blocked", "gpu_ms"):
+        for rec in summary[section].values():
+            recs.append(rec)
+            recs += [v for v in rec.values() if isinstance(v, dict)]
+    return {k for r in recs for k, v in r.items() if v is None or isinstance(v, (int, float, list))}
+
+
+def ttfc_table(md: str, label: str) -> dict[str, float]:
+    """boundary → TTFC P50 from the TTFC table of run ``label`` in report.md."""
+    section = md.split(f"## {label}\n", 1)[1].split("\n## ", 1)[0]
+    rows = section.split("| boundary | n | TTFC P50 ms |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    return {r.split("|")[1].strip(): float(r.split("|")[3]) for r in rows}
+
+
+def test_every_figure_of_a_case_d_a_case_e_and_a_server_run_resolves_to_one_definition(h5a_compare, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from harness.cli import headline
+    from harness.experiments.scenarios import REPO_ROOT, ServerProcess
+    from harness.measure import figures as F
+
+    _, out, _ = h5a_compare
+    srv = ServerProcess(["--preset", "tiny", "--sessions", "2", "--chunks", "7"], tmp_path / "srv")
+    host_port = srv.url.split("//")[1].split("/")[0]
+    client = subprocess.run([sys.executable, "-m", "harness", "client", "--connect", host_port, "--sessions", "2",
+                             "--chunks", "7", "--out", str(tmp_path / "client")], capture_output=True, text=True,
+                            timeout=300, cwd=REPO_ROOT)
+    assert client.returncode == 0, client.stderr
+    assert srv.wait(120) == 0, srv.stderr()[-2000:]  # --sessions 2 served: the server ends by itself
+    runs = [out / "round0-A", out / "round0-B", srv.out]
+    man = json.loads((srv.out / "manifest.json").read_text())
+    assert man["protocol"]["media"] == "client" and not list((srv.out / "media").iterdir())
+
+    # the console headline: serve --listen prints the same figures as serve, all from the table
+    server_lines = srv.stdout_lines[srv.stdout_lines.index(f"run directory: {srv.out}"):]
+    assert any(l.strip().startswith("boundary ") for l in server_lines), server_lines
+    for run, lines in zip(runs, [None, None, server_lines]):
+        summary = json.loads((run / "summary.json").read_text())
+        sched = json.loads((run / "manifest.json").read_text())["scheduler"]
+        labels = headline_labels(lines if lines is not None else headline(summary, sched))
+        assert F.label("fps_mean") in labels and F.label("interval_p50") in labels
+        assert [F.resolve(l).name for l in labels]  # KeyError names any label the table lacks
+        assert summary_figure_keys(summary) <= F.summary_keys(), summary_figure_keys(summary) - F.summary_keys()
+    case_e = headline_labels(headline(json.loads((runs[1] / "summary.json").read_text()), "case-e"))
+    assert F.label("handoff_p50", "case-e") in case_e and F.label("handoff_p50") not in case_e
+
+    report = R.write_report(runs, tmp_path / "rep")
+    md = report.read_text()
+    headers = table_headers(md)
+    assert len(headers) > 40
+    for cell in headers:
+        F.resolve(cell)
+    for name in R.REPORT_FIGURES:  # each defined exactly once, in the one definition table
+        assert md.count(f"| `{name}` |") == 1, name
+
+    # the TTFC plot shows the table's (nearest-rank) P50, for every run and boundary
+    views = [R.load_view(r) for r in runs]
+    labels = R.unique_labels(views)
+    plotted = R.plot_ttfc(views, labels, tmp_path / "ttfc.png").values
+    for label in labels:
+        table = ttfc_table(md, label)
+        assert table and set(table) == set(plotted[label])
+        for b, (p50, lo, hi) in plotted[label].items():
+            assert round(p50, 1) == table[b] and lo <= p50 <= hi
+    for name in R.PLOTS:
+        assert_sane_png(tmp_path / "rep" / name)
+
+
+def test_a_long_tail_report_breaks_the_slowest_intervals_down_by_stage(tmp_path, event_tables):
+    import json
+
+    import msgspec
+
+    from harness.measure import tails
+    from harness.measure.summary import build_summary
+
+    d = hand_run(tmp_path / "lt", event_tables.table, {2: {6: {"decode": 50}}, 3: {7: {"dit": 30}}})
+    events, starts = event_tables.table({2: {6: {"decode": 50}}, 3: {7: {"dit": 30}}})
+    summary = msgspec.to_builtins(build_summary(events, starts))
+    summary["long_tail"] = msgspec.to_builtins(tails.tail_summary(events, starts, M.DEFAULT_WINDOW, k=3))
+    (d / "summary.json").write_text(json.dumps(summary))
+    plotted = R.render_plots([R.load_view(d)], tmp_path / "out")
+    slow = next(p for p in plotted if p.path.name == R.SLOWEST_PLOT)
+    assert_sane_png(slow.path)
+    (label, rows), = slow.values.items()
+    assert [r[0] for r in rows] == ["median chunk", "#1 s2 c6", "#2 s3 c7", "#3 s1 c5"]
+    med, first, second = rows[0][1], rows[1][1], rows[2][1]
+    n = event_tables.NOMINAL
+    assert first["decode"] == n["decode"] + 50 and second["dit"] == n["dit"] + 30 and med["decode"] == n["decode"]
+    # Case D: gap + the stages up to cpu_ready tile the interval, so the stack ends on the ◆
+    for _, stages, interval in rows:
+        assert sum(stages.values()) == pytest.approx(interval)
+    assert "sink" not in first  # after the reference boundary: not part of this interval
+    md = R.write_report([d], tmp_path / "rep").read_text()
+    assert f"]({R.SLOWEST_PLOT})" in md and "### slowest steady intervals @ cpu_ready" in md

@@ -74,6 +74,10 @@ def test_activate_dispatch_summary_mode(tmp_path):
     rep = active.report()
     assert rep["requested"] == ["dispatch=summary"]
     assert rep["dispatch"]["total_flops"] == 2 * 4 * 8 * 2 and rep["dispatch"]["records"] is None
+    # the files it wrote, with their sizes, and what recording cost in the run
+    assert rep["files"] == {"dispatch_summary.dit0.json": (tmp_path / "dispatch_summary.dit0.json").stat().st_size}
+    assert rep["dispatch"]["record_ms"] > 0 and rep["overhead_ms"]["dispatch_in_run"] == rep["dispatch"]["record_ms"]
+    assert rep["overhead_ms"]["start"] > 0 and rep["overhead_ms"]["close"] > 0
 
 
 def test_activate_dispatch_full_writes_records(tmp_path):
@@ -87,7 +91,9 @@ def test_trace_only_runs_nothing_in_the_process(tmp_path):
     with activate("trace", out_dir=tmp_path) as active:
         assert not hctx.ACTIVE
         assert hctx.phase(chunk=1) is hctx.phase(chunk=2)
-    assert list(tmp_path.iterdir()) == [] and active.report() == {"requested": ["trace"], "label": ""}
+    assert list(tmp_path.iterdir()) == []
+    rep = active.report()  # nothing ran here, and the report says where the trace comes from
+    assert rep["requested"] == ["trace"] and "files" not in rep and "hooks.driver.json" in rep["elsewhere"]["trace"]
 
 
 def _session(epoch, chunks=4):

@@ -291,3 +291,26 @@ def test_incomplete_hash_record_fails(tmp_path):
 def test_unknown_kind(tmp_path):
     with pytest.raises(ValueError):
         G.gate(tmp_path, tmp_path, "close-enough")
+
+
+def test_runs_of_different_session_counts_compare_the_sessions_both_hold(tmp_path):
+    a, b = make_run(tmp_path, "a", epochs=5), make_run(tmp_path, "b", epochs=3)
+    for kind in ("exact", "threshold"):
+        r = G.gate(a, b, kind)
+        assert r.passed, r.verdict
+        assert r.only_a == [3, 4] and r.only_b == []
+        assert "compared the 3 sessions both runs hold (epochs 0–2); run A alone holds epochs 3–4, not compared" in r.verdict
+        assert not any("epoch 3" in f.path or "epoch 4" in f.path for f in r.files)
+
+    def nudge(e, c, latent, pixels):
+        if (e, c) == (2, 1):
+            pixels[0, 0, 0, 0] ^= 1
+        return latent, pixels
+
+    r = G.gate(a, make_run(tmp_path, "c", epochs=3, edit=nudge), "exact")  # a common session still counts
+    assert not r.passed and [f.path for f in r.files if not f.passed] == ["hashes.jsonl[epoch 2 chunk 1]"]
+    late = tmp_path / "late"
+    for c in range(2):
+        G.record_chunk(late, 7, c, *_arrays(7, c))  # epoch 7 only: hashed, not saved
+    r = G.gate(a, late, "exact")
+    assert not r.passed and "no session (epoch) in common" in r.verdict and r.only_b == [7]

@@ -192,6 +192,13 @@ def test_outputs_with_every_hook_on_are_byte_identical(runs):
     reports = {p.name: json.loads(p.read_text()) for p in runs["hooks"].run_dir.glob("hooks.*.json")}
     assert {"hooks.dit0.json", "hooks.dit1.json", "hooks.vae0.json", "hooks.vae1.json", "hooks.encoder0.json"} <= set(reports)
     assert reports["hooks.dit0.json"]["dispatch"]["total_flops"] > 0
+    trace = reports["hooks.driver.json"]  # the trace is the driver's: its report says what it wrote
+    assert trace["files"]["trace.json"] == (runs["hooks"].run_dir / "trace.json").stat().st_size > 0
+    assert trace["trace"]["chunks"] == len(read_events(runs["hooks"].run_dir / "events.jsonl"))
+    for name, rep in reports.items():  # every file a hook claims to have written is there, at that size
+        for f, size in rep.get("files", {}).items():
+            p = runs["hooks"].run_dir / f
+            assert p.exists() and (p.is_dir() or p.stat().st_size == size), (name, f)
 
 
 def test_trace_has_a_track_per_process_and_agrees_with_events(runs):

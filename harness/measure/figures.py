@@ -1,0 +1,183 @@
+"""The one table of figure definitions: every figure a person reads — in the console headline,
+``summary.json``, ``report.md``, the plots and the README — is named, labelled and defined here.
+
+A ``Figure`` says what is printed (``label``, the column header or headline label), how it is
+computed (``formula``), its unit and the function that computes it (``where``, a dotted path under
+``harness.measure``). ``keys`` are the fields that carry it in ``summary.json`` where it has one.
+A label that must read differently under a scheduler (Case E's cpu_ready(i−1) → dit_start(i) is
+not Case D's handoff) is given per scheduler in ``by_scheduler``; it is the same figure.
+
+Writers call ``label(name)``/``define(name)`` instead of spelling a label, so a figure cannot be
+printed under two names; ``resolve(text)`` maps any printed label back to its definition (tests
+check every header and headline label of a run this way).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Figure(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    label: str
+    formula: str
+    unit: str
+    where: str
+    #: the fields of ``summary.json`` that carry it
+    keys: tuple[str, ...] = ()
+    by_scheduler: dict[str, str] = {}
+
+
+NEAREST_RANK = "nearest rank: P_p is the ceil(p·n/100)-th smallest sample, so it actually occurred"
+
+_TABLE: tuple[Figure, ...] = (
+    # ---- what a row is about ------------------------------------------------------------
+    Figure(name="boundary", label="boundary", unit="—", where="events.BOUNDARIES",
+           formula="the timestamp (DESIGN §4) the row's figures are measured at"),
+    Figure(name="stage", label="stage", unit="—", where="metrics.SEGMENTS",
+           formula="a segment between two consecutive boundaries; the segments tile submit → delivered"),
+    Figure(name="span", label="from → to", unit="—", where="metrics.SEGMENTS",
+           formula="the two boundaries that open and close the stage"),
+    Figure(name="blocked_stage", label="blocked stage", unit="—", where="metrics.blocked_time",
+           formula="the producer that waited on a full queue or ring slot"),
+    Figure(name="rank", label="#", unit="—", where="tails.slowest_samples",
+           formula="1 = the slowest steady interval at the reference boundary"),
+    Figure(name="epoch", label="epoch", unit="—", where="events.ChunkEvent",
+           formula="the session's epoch (epoch 0 is warm-up)"),
+    Figure(name="chunk", label="chunk", unit="—", where="events.ChunkEvent",
+           formula="chunk index in its session, from 0"),
+    # ---- counts -------------------------------------------------------------------------
+    Figure(name="n", label="n", keys=("n",), unit="samples", where="metrics.Selection",
+           formula="samples the figure was computed from (steady window, measured non-cancelled sessions)"),
+    Figure(name="sessions", label="sessions", keys=("n_sessions",), unit="sessions", where="metrics.Selection.per_session",
+           formula="measured, non-cancelled sessions that gave at least one sample"),
+    Figure(name="expected", label="expected", keys=("expected",), unit="samples", where="metrics.Selection",
+           formula="sample slots the rule asked for: measured non-cancelled sessions × window chunks"),
+    Figure(name="skipped_missing", label="skipped (missing)", keys=("skipped_missing",), unit="samples",
+           where="metrics.Selection", formula="slots left out because a boundary was not recorded (never interpolated)"),
+    Figure(name="skipped_nonpositive", label="skipped (≤ 0)", keys=("skipped_nonpositive",), unit="samples",
+           where="metrics.Selection", formula="durations that came out ≤ 0: an ordering fault, not a sample"),
+    Figure(name="p99_is_max", label="*", keys=("p99_is_max",), unit="flag", where="stats.percentile",
+           formula="fewer than 100 samples: the P99 shown is the maximum"),
+    # ---- delivery interval and FPS ----------------------------------------------------
+    Figure(name="interval_p50", label="interval P50 ms", keys=("p50_ms",), unit="ms", where="stats.nearest_rank",
+           formula="median steady delivery interval B(i) − B(i−1), " + NEAREST_RANK),
+    Figure(name="interval_p50_ci", label="P50 95 % CI", keys=("p50_ci_ms",), unit="ms", where="stats.bootstrap_percentile",
+           formula="95 % percentile interval of the P50 by bootstrap over whole sessions (fixed seed)"),
+    Figure(name="interval_p99", label="interval P99 ms", keys=("p99_ms",), unit="ms", where="stats.percentile",
+           formula="99th percentile of the steady intervals, nearest rank; with n < 100 it is the maximum (marked *)"),
+    Figure(name="interval_p99_ci", label="P99 95 % CI", keys=("p99_ci_ms",), unit="ms", where="stats.bootstrap_percentile",
+           formula="95 % percentile interval of the P99 by bootstrap over whole sessions (fixed seed)"),
+    Figure(name="interval_max", label="interval max ms", keys=("max_ms",), unit="ms", where="summary.dist",
+           formula="the longest steady interval"),
+    Figure(name="interval_min", label="interval min ms", keys=("min_ms",), unit="ms", where="summary.dist",
+           formula="the shortest steady interval"),
+    Figure(name="interval_mean", label="interval mean ms", keys=("mean_ms",), unit="ms", where="summary.dist",
+           formula="mean steady interval"),
+    Figure(name="fps_mean", label="FPS (mean interval)", keys=("fps_steady",), unit="frames/s", where="metrics.steady_fps",
+           formula="Σ frames ÷ Σ intervals over the steady window = mean frames per chunk ÷ mean interval "
+                   "(the rate a viewer sees; not frames ÷ P50)"),
+    Figure(name="fps_median", label="FPS P50 (per interval)", keys=("fps_median",), unit="frames/s", where="metrics.fps_values",
+           formula="nearest-rank median over steady intervals of frames(i) ÷ interval(i)"),
+    # ---- per-session figures ------------------------------------------------------------
+    Figure(name="ttfc_p50", label="TTFC P50 ms", keys=("p50_ms", "ttfc_p50_ms"), unit="ms", where="metrics.ttfc",
+           formula="B(chunk 0) − session start per measured session; median over sessions, " + NEAREST_RANK),
+    Figure(name="ttfc_min", label="TTFC min ms", keys=("min_ms",), unit="ms", where="metrics.ttfc",
+           formula="the shortest B(chunk 0) − session start over measured sessions"),
+    Figure(name="ttfc_max", label="TTFC max ms", keys=("max_ms",), unit="ms", where="metrics.ttfc",
+           formula="the longest B(chunk 0) − session start over measured sessions"),
+    Figure(name="rollout", label="rollout ms", keys=("time",), unit="ms", where="metrics.rollouts",
+           formula="session start → B(last chunk) of a session with every chunk recorded"),
+    Figure(name="rollout_fps", label="rollout FPS P50", keys=("fps_median",), unit="frames/s", where="metrics.rollouts",
+           formula="nearest-rank median over sessions of all frames ÷ rollout time"),
+    Figure(name="frames_per_session", label="frames per session", keys=("frames_per_session",), unit="frames",
+           where="metrics.rollouts", formula="pixel frames of a whole session (first chunk 1 + 4·(latent − 1), then 4·latent)"),
+    # ---- handoff ------------------------------------------------------------------------
+    Figure(name="handoff_p50", label="handoff cpu_ready(i−1) → dit_start(i) P50 ms", keys=("p50_ms",), unit="ms",
+           where="metrics.handoffs",
+           formula="dit_start(i) − cpu_ready(i−1) on steady chunks, nearest-rank median; under Case D the "
+                   "driver's reaction between a chunk's frames and the next DiT start",
+           by_scheduler={"case-e": "DiT lead dit_start(i) − cpu_ready(i−1) P50 ms (Case E: negative while DiT(i) overlaps decode(i−1); not a handoff)"}),
+    # ---- stages -------------------------------------------------------------------------
+    Figure(name="stage_p50", label="P50 ms", keys=("p50_ms",), unit="ms", where="metrics.steady_stages",
+           formula="nearest-rank median of the stage's duration over steady chunks"),
+    Figure(name="stage_mean", label="mean ms", keys=("mean_ms",), unit="ms", where="metrics.steady_stages",
+           formula="mean of the stage's duration over steady chunks"),
+    Figure(name="stage_share", label="share of stage sum", keys=("share",), unit="%", where="metrics.stage_shares",
+           formula="stage mean ÷ Σ of all stage means (sums to 100 % over the recorded stages)"),
+    Figure(name="stage_of_interval", label="share of mean interval", keys=("share_of_interval",), unit="%",
+           where="summary.stage_summaries",
+           formula="stage mean ÷ mean steady interval at the reference boundary (sums to > 100 % when "
+                   "stages of different chunks overlap, as under Case E)"),
+    # ---- blocking -------------------------------------------------------------------------
+    Figure(name="blocked_total", label="blocked total ms", keys=("total_ms",), unit="ms", where="metrics.blocked_time",
+           formula="Σ time the producer spent blocked, every chunk of every measured session"),
+    Figure(name="blocked_max", label="blocked max ms", keys=("max_ms",), unit="ms", where="metrics.blocked_time",
+           formula="the longest block on one chunk"),
+    Figure(name="chunks_blocked", label="chunks blocked", keys=("chunks_blocked",), unit="chunks", where="metrics.blocked_time",
+           formula="chunks on which the producer blocked at all / chunks that recorded the stage"),
+    Figure(name="blocked_mean", label="blocked mean ms per chunk", keys=("mean_ms_per_chunk",), unit="ms",
+           where="summary.blocked_summaries", formula="blocked total ÷ chunks that recorded the stage"),
+    Figure(name="blocked_chunks", label="chunks recorded", keys=("chunks",), unit="chunks", where="metrics.blocked_time",
+           formula="chunks that recorded the stage at all (0 ns included)"),
+    Figure(name="gpu_ms", label="GPU ms", keys=(), unit="ms", where="metrics.gpu_times",
+           formula="CUDA-event duration of a stage on a steady chunk (P50 nearest rank, mean, max)"),
+    # ---- long tail ------------------------------------------------------------------------
+    Figure(name="slow_interval", label="interval ms", keys=("interval_ms",), unit="ms", where="tails.slowest_samples",
+           formula="one slow steady interval B(i) − B(i−1) at the reference boundary"),
+    Figure(name="slow_excess", label="+vs median", keys=("excess_ms",), unit="ms", where="tails.slowest_samples",
+           formula="the interval − the median steady interval at the same boundary"),
+    Figure(name="slow_grew", label="grew", keys=("grew",), unit="—", where="tails.slowest_samples",
+           formula="the stage (segments + gap cpu_ready(i−1) → submit(i)) whose excess over its median is largest"),
+    Figure(name="slow_first_late", label="first late", keys=("first_late",), unit="—", where="tails.slowest_samples",
+           formula="the first boundary, data-flow order, already late by ≥ half the reference excess"),
+    Figure(name="slow_stage_excess", label="stage excess ms", keys=("excess_ms",), unit="ms", where="tails.slowest_samples",
+           formula="a stage's duration on the slow chunk − its median over steady chunks"),
+)
+
+FIGURES: dict[str, Figure] = {f.name: f for f in _TABLE}
+
+
+def define(name: str) -> Figure:
+    try:
+        return FIGURES[name]
+    except KeyError:
+        raise KeyError(f"figure {name!r} is not defined in harness.measure.figures") from None
+
+
+def label(name: str, scheduler: str | None = None) -> str:
+    f = define(name)
+    return f.by_scheduler.get(scheduler, f.label) if scheduler else f.label
+
+
+def labels_of(f: Figure) -> set[str]:
+    return {f.label, *f.by_scheduler.values()}
+
+
+def resolve(text: str) -> Figure:
+    """The figure a printed label (any scheduler's spelling) belongs to."""
+    hits = [f for f in _TABLE if text.strip() in labels_of(f)]
+    if len(hits) != 1:
+        raise KeyError(f"{text!r} is {'not a figure label' if not hits else 'ambiguous'}")
+    return hits[0]
+
+
+def summary_keys() -> set[str]:
+    return {k for f in _TABLE for k in f.keys}
+
+
+def table_md(names: list[str] | tuple[str, ...] | None = None) -> list[str]:
+    """A markdown definition table of ``names`` (default: every figure), one row each; a label
+    that reads differently under a scheduler is given beside the default one."""
+    rows = ["| figure | label | definition | unit | computed by |", "|---|---|---|---|---|"]
+    for n in names if names is not None else FIGURES:
+        f = define(n)
+        other = "; ".join(f"{sch}: {lab}" for sch, lab in f.by_scheduler.items())
+        rows.append(f"| `{f.name}` | {f.label}{f' ({other})' if other else ''} | {f.formula} | {f.unit} | `measure.{f.where}` |")
+    return rows
+
+
+def header(names: list[str] | tuple[str, ...], scheduler: str | None = None) -> list[str]:
+    """A markdown table header whose columns are the figures' labels."""
+    return ["| " + " | ".join(label(n, scheduler) for n in names) + " |",
+            "|" + "|".join("---" if define(n).unit == "—" else "---:" for n in names) + "|"]

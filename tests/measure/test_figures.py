@@ -1,0 +1,44 @@
+"""The one table of figure definitions: labels are unique, every definition names a real function,
+every figure field of ``summary.json`` is in it, and the README reproduces it."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from harness.measure import figures as F
+from harness.measure import summary as SM
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_every_label_resolves_to_its_own_figure_and_nothing_else():
+    for f in F.FIGURES.values():
+        for label in F.labels_of(f):
+            assert F.resolve(label) is f
+    with pytest.raises(KeyError):
+        F.resolve("steady FPS")  # the old, undefined headline label
+    assert F.label("handoff_p50", "case-e") != F.label("handoff_p50") == F.label("handoff_p50", "case-d")
+
+
+def test_every_definition_names_what_computes_it():
+    for f in F.FIGURES.values():
+        module, _, attr = f.where.partition(".")
+        obj = importlib.import_module(f"harness.measure.{module}")
+        for part in attr.split("."):
+            obj = getattr(obj, part)  # AttributeError names a stale definition
+
+
+def test_every_figure_field_of_the_summary_is_defined():
+    structs = (SM.Dist, SM.BoundarySummary, SM.StageSummary, SM.GpuSummary, SM.BlockedSummary, SM.RolloutSummary,
+               SM.Headline)
+    nested = {"intervals", "durations", "time", "boundary", "start", "end"}  # records and what they are about
+    fields = {f.name for s in structs for f in msgspec.structs.fields(s)} - nested
+    assert fields <= F.summary_keys(), fields - F.summary_keys()
+
+
+def test_the_readme_reproduces_the_table():
+    assert "\n".join(F.table_md()) in README.read_text()
