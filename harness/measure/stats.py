@@ -35,15 +35,15 @@ DEFAULT_CONFIDENCE = 0.95
 # ---- percentiles ---------------------------------------------------------------------------
 
 
-def _check_p(p: float) -> Fraction:
+def _check_p(p: float | Fraction) -> Fraction:
     # Exact arithmetic: 0.95 * 20 must give rank 19, not ceil(19.000000000000004) = 20.
-    q = Fraction(repr(float(p)))
+    q = p if isinstance(p, Fraction) else Fraction(repr(float(p)))
     if not 0 <= q <= 100:
         raise ValueError(f"percentile must be in [0, 100], got {p}")
     return q
 
 
-def nearest_rank_index(n: int, p: float) -> int:
+def nearest_rank_index(n: int, p: float | Fraction) -> int:
     """0-based index into the sorted samples of P_p by the nearest-rank rule (P0 is the minimum)."""
     if n <= 0:
         raise ValueError("percentile of no samples")
@@ -157,7 +157,8 @@ def _replicates(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
 def _interval(reps: np.ndarray, confidence: float) -> tuple[float, float]:
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    tail = (1 - confidence) / 2 * 100
+    # (1 − 0.95) / 2 · 100 is 2.500000000000002 in floats, which would take rank 51 of 2000, not 50
+    tail = (1 - Fraction(repr(float(confidence)))) / 2 * 100
     s = np.sort(reps)
     return float(s[nearest_rank_index(s.size, tail)]), float(s[nearest_rank_index(s.size, 100 - tail)])
 
@@ -291,6 +292,8 @@ def compare_ab(
     ab = ratio_of_medians(baseline, candidate, **kw)
     if aa is None:
         a1, a2 = split_alternating([s for s in baseline if len(s)])
-        if min(len(a1), len(a2)) >= MIN_SESSIONS_PER_HALF:
-            aa = ratio_of_medians(a1, a2, **kw)
+        if min(len(a1), len(a2)) < MIN_SESSIONS_PER_HALF:
+            return Verdict("no verdict", f"no A/A noise floor: each half of the baseline needs ≥ {MIN_SESSIONS_PER_HALF} "
+                           f"sessions with samples, got {len(a1)} and {len(a2)}", ab, None, None, gate_passed)
+        aa = ratio_of_medians(a1, a2, **kw)
     return ab_verdict(ab, aa, gate_passed)

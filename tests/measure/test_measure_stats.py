@@ -163,3 +163,48 @@ def test_compare_ab_end_to_end():
     assert v.verdict == "no resolvable difference" and v.aa is not None
     assert S.compare_ab(base, fast, gate_passed=False, n_boot=500).verdict == "no verdict"
     assert S.split_alternating([1, 2, 3, 4, 5]) == ([1, 3, 5], [2, 4])
+
+
+def test_interval_ranks_are_exact():
+    # (1 − 0.95) / 2 · 100 is 2.500000000000002 in floats: rank 51 of 2000 instead of 50.
+    ordinal = lambda rows: np.arange(rows.shape[0], dtype=np.float64)  # replicate r has value r
+    e = S.bootstrap_sessions([[1.0], [2.0]], ordinal, n_boot=2000)
+    assert (e.low, e.high) == (49.0, 1949.0)  # ranks 50 and 1950: the 2.5th and 97.5th percentiles
+    e = S.bootstrap_sessions([[1.0], [2.0]], ordinal, n_boot=2000, confidence=0.9)
+    assert (e.low, e.high) == (99.0, 1899.0)
+
+
+def test_compare_ab_gives_no_verdict_without_two_sessions_per_half():
+    # 3 baseline sessions split into halves of 2 and 1: no A/A floor, and a one-session half
+    # bootstraps to a zero-width interval. Clearly faster data must still get no verdict.
+    base = [[100.0, 101.0, 99.0]] * 3
+    cand = [[50.0, 51.0, 49.0]] * 3
+    v = S.compare_ab(base, cand, gate_passed=True, n_boot=200)
+    assert v.verdict == "no verdict" and "A/A" in v.reason and v.aa is None
+    assert S.compare_ab(base + base[:1], cand, gate_passed=True, n_boot=200).verdict == "faster"
+
+
+def test_noise_floor_is_the_far_end_of_an_asymmetric_aa():
+    assert S.noise_floor(_est(1.0, 0.99, 1.04)) == pytest.approx(0.04)
+    assert S.noise_floor(_est(1.0, 0.96, 1.01)) == pytest.approx(0.04)
+    # The near end (0.01) would let this interval clear the band; the far end (0.04) does not.
+    for aa in (_est(1.0, 0.99, 1.04), _est(1.0, 0.96, 1.01)):
+        assert S.ab_verdict(_est(0.96, 0.95, 0.97), aa, True).verdict == "no resolvable difference"
+        assert S.ab_verdict(_est(1.04, 1.03, 1.05), aa, True).verdict == "no resolvable difference"
+        assert S.ab_verdict(_est(0.94, 0.93, 0.955), aa, True).verdict == "faster"
+
+
+def test_verdict_needs_the_whole_interval_not_the_point():
+    aa = _est(1.0, 0.98, 1.02)
+    assert S.ab_verdict(_est(0.90, 0.85, 1.01), aa, True).verdict == "no resolvable difference"
+    assert S.ab_verdict(_est(1.10, 0.99, 1.20), aa, True).verdict == "no resolvable difference"
+    assert S.ab_verdict(_est(0.90, 0.85, 0.985), aa, True).verdict == "no resolvable difference"  # high inside band
+
+
+def test_verdict_boundaries_are_strict():
+    aa = _est(1.0, 0.75, 1.25)  # floor 0.25: every value below is exact in binary
+    assert S.noise_floor(aa) == 0.25
+    assert S.ab_verdict(_est(0.6, 0.5, 0.75), aa, True).verdict == "no resolvable difference"
+    assert S.ab_verdict(_est(0.6, 0.5, np.nextafter(0.75, 0)), aa, True).verdict == "faster"
+    assert S.ab_verdict(_est(1.4, 1.25, 1.5), aa, True).verdict == "no resolvable difference"
+    assert S.ab_verdict(_est(1.4, np.nextafter(1.25, 2), 1.5), aa, True).verdict == "slower"
