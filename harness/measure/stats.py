@@ -285,6 +285,8 @@ def spending_levels(looks: tuple[int, ...], alpha: float = 0.05) -> tuple[float,
         raise ValueError(f"looks must be increasing positive launch counts, got {looks}")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if len(looks) == 1:
+        return (alpha,)
     z_half = _NORMAL.inv_cdf(1 - alpha / 2)
     spent = [2 - 2 * _NORMAL.cdf(z_half / math.sqrt(n / looks[-1])) for n in looks]
     grid = np.linspace(-10, 10, 1001)
