@@ -41,7 +41,7 @@ def test_compare_h5a_runs_interleaved_rounds_and_writes_the_gate_and_table(h5a_c
     assert q["looks"] == [2] and q["levels"] == [0.05] and q["rounds"] == 2 and res["rounds_requested"] == 2
     assert q["outcome"] in ("faster after 2 rounds", "slower after 2 rounds", "equivalent after 2 rounds",
                             "unresolved at the maximum of 2 rounds")
-    assert q["mde_before"] == pytest.approx(q["mde_after"]) > 0  # the budget is the rounds run
+    assert q["mde_before"] == pytest.approx(q["mde_after"]) and q["mde_after"] > 0  # the budget is the rounds run
     md = (out / "compare.md").read_text()
     assert "| metric | baseline | candidate | ratio | interval | launches |" in md
     assert "pass (exact)" in md and "| 2+2 |" in md and "minimum detectable effect (80 % power)" in md
@@ -208,3 +208,13 @@ def test_compare_records_its_setting_and_verdicts_reads_it(h5a_compare):
     head = next(r for r in res["rows"] if r["boundary"] == "cpu_ready" and r["metric"].startswith("steady"))
     assert v.ratio == head["ab"]["value"] and v.noise_floor == head["noise_floor"]
     assert f"{tiny.model.num_layers} layers" in v.setting and "2 rounds × 2 measured sessions per launch" in v.setting
+
+
+def test_cli_defaults_are_the_documented_budget():
+    from harness.cli import build_parser
+    from harness.experiments.engine_ab import DEFAULT_LAUNCHES
+    from harness.measure import stats as S
+
+    a = build_parser().parse_args(["compare", "--candidate", "H5a"])
+    assert (a.max_rounds, a.margin, a.until_resolved) == (S.DEFAULT_MAX_ROUNDS, S.DEFAULT_MARGIN, False)
+    assert build_parser().parse_args(["ab-engine", "--candidate", "H2a"]).launches == DEFAULT_LAUNCHES

@@ -206,6 +206,11 @@ def test_judge_ab_needs_two_launches_and_a_passed_gate():
     v = S.judge_ab(base, fast, gate_passed=True)
     assert v.verdict == "no verdict" and v.reason.startswith("one launch") and v.ab is None
     assert v.within_launch.level == "session" and v.within_launch.high < 1  # described, not judged
+    for n_a, n_b in ((1, 3), (3, 1)):  # either arm short of launches
+        assert S.one_launch_reason(n_a, n_b).startswith("one launch")
+        one_side = S.judge_ab(_launches(rng, 100, n_a), _launches(rng, 60, n_b), gate_passed=True)
+        assert one_side.verdict == "no verdict" and one_side.ab is None
+    assert S.one_launch_reason(2, 2) is None
     for gate in (False, None):
         assert S.judge_ab(_launches(rng, 100, 3), _launches(rng, 60, 3), gate_passed=gate).verdict == "no verdict"
 
