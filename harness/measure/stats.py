@@ -490,7 +490,7 @@ def judge_ab(
     if ua.size >= 2 * MIN_LAUNCHES:
         aa = _ab_interval(ua[0::2], ua[1::2], DEFAULT_ALPHA, False, "launch", margin)[0]
     name = _NAMES[code]
-    ci = f"ratio {ab.value:.4f} [{ab.low:.4f}, {ab.high:.4f}] ({ab.confidence:.4%} interval over {ab.n_a}+{ab.n_b} launches)"
+    ci = f"ratio {ab.value:.4f} [{ab.low:.4f}, {ab.high:.4f}] ({100 * ab.confidence:.6g} % interval over {ab.n_a}+{ab.n_b} launches)"
     why = {1: "below 1", 2: "above 1", 3: f"within 1 ± {margin:g}", 0: f"crosses 1 and reaches beyond 1 ± {margin:g}"}[code]
     note = "" if aa is None or aa.low <= 1 <= aa.high else "; A/A interval excludes 1: the baseline's launches drift"
     mde = min_detectable(ab.se_log, ab.df, level)
