@@ -702,7 +702,7 @@ def run_compare(
         if seq is None or r + 1 not in plan.looks:
             continue
         head = head_row(analyze(metas["A"], metas["B"], rounds_requested=plan.max_rounds, gate_record=gate_rec, plan=plan).rows)
-        log(f"look after round {r}: {head.verdict} at level {plan.level(r + 1):.3g} — {head.reason}")
+        log(f"look after {r + 1} rounds: {head.verdict} at level {plan.level(r + 1):.3g} — {head.reason}")
         if r + 1 == plan.looks[0]:
             seq["mde_before"] = plan.mde_for_budget(head, r + 1)
             log(f"minimum detectable effect (80 % power) with all {plan.max_rounds} rounds, from the spread so far: "
