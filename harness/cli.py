@@ -233,14 +233,16 @@ def build_parser() -> argparse.ArgumentParser:
     be.set_defaults(fn=_lazy("harness.experiments.bench_engine", "main"))
 
     ab = sub.add_parser("ab-engine", help="A/B of a DiT-engine candidate (H1a, H1b, H2a) inside one engine: "
-                        "gate, steady-chunk ratio with a 95 %% interval, A/A floor")
+                        "gate, steady-chunk ratio with a launch-level interval, verdict")
     ab.add_argument("--candidate", action="append", default=[], metavar="ID", help="candidate under test (repeatable)")
     ab.add_argument("--preset", default="tiny")
     ab.add_argument("--config")
     ab.add_argument("--sp", type=int)
     ab.add_argument("--device", choices=["cpu", "cuda"])
     ab.add_argument("--mode", choices=["eager", "compiled", "deterministic"])
-    ab.add_argument("--pairs", type=int, default=4, help="session pairs, A and B with the same seed (default 4; ≥ 4 for an A/A floor)")
+    ab.add_argument("--pairs", type=int, default=4, help="session pairs per launch, A and B with the same seed (default 4)")
+    ab.add_argument("--launches", type=int, default=3, help="separate process groups, the unit of the verdict "
+                    "(default 3; 1 gives no verdict: launch-to-launch variance needs ≥ 2)")
     ab.add_argument("--chunks", type=int, help="chunks per session (default: the preset's session length)")
     add_set_option(ab)
     ab.add_argument("--json", help="also write the result to this JSON file")
@@ -257,6 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_options(cp)
     cp.add_argument("--baseline", action="append", default=[], metavar="ID", help="candidate applied to both arms (repeatable)")
     cp.add_argument("--rounds", type=int, default=3, help="rounds; one serve launch per arm per round (default 3)")
+    cp.add_argument("--until-resolved", action="store_true", help="add A B rounds until faster, slower or equivalent "
+                    "(alpha spent over the looks: overall false faster/slower ≤ 5 %%); --rounds is then ignored")
+    cp.add_argument("--max-rounds", type=int, default=24, help="--until-resolved: at most this many rounds (default 24: "
+                    "80 %% power at a 5 %% shift under 5 %% launch noise; docs/statistics.md)")
+    cp.add_argument("--margin", type=float, default=0.02, help="equivalent = the whole interval within 1 ± this (default 0.02)")
     cp.add_argument("--reanalyze", action="store_true", help="judge the round directories already in --out; serve nothing")
     cp.set_defaults(fn=_lazy("harness.experiments.compare", "main"))
 

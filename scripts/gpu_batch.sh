@@ -5,7 +5,7 @@
 #          report gate bench4 serve4d serve4e report4 gputests h4 dit det colocate replay mps-on mps-off
 # Environment: MODE (serve/bench mode), TAG (suffix of a repeated serve), SESSIONS, VARIANTS (dit),
 #   GATE_A / GATE_B / GATE_EXACT (gate between two run directories of this scratch folder),
-#   CAND / ROUNDS / LAYERS (compare: the candidate, rounds, DiT depth), PAIRS / CHUNKS (abeng),
+#   CAND / ROUNDS / LAYERS (compare: the candidate, rounds, DiT depth), LAUNCHES / PAIRS / CHUNKS (abeng),
 #   EXTRA (more serve options for compare, e.g. "--dit-gpus 0 --vae-gpus 1"),
 #   RES (480x832 or 704x1280: the 4-GPU steps bench4 serve4d serve4e report4 of the production topology),
 #   SCRATCH (where run directories go; default /tmp/harness-gpu), STEP_TIMEOUT (seconds per step, 420),
@@ -46,7 +46,7 @@ for s in $STEPS; do
     serve4d)  step serve-$RES-sp4-d-compiled $H serve --preset lingbot-$RES --device cuda --mode compiled --sp 4 --vae-ranks 4 --sessions "${SESSIONS:-6}" --scheduler case-d --out "$SCRATCH/serve-$RES-sp4-d-compiled" --no-progress ;;
     serve4e)  step serve-$RES-sp4-e-compiled $H serve --preset lingbot-$RES --device cuda --mode compiled --sp 4 --vae-ranks 4 --sessions "${SESSIONS:-6}" --scheduler case-e --out "$SCRATCH/serve-$RES-sp4-e-compiled" --no-progress ;;
     report4)  step report-$RES-sp4 $H report "$SCRATCH/serve-$RES-sp4-d-compiled" "$SCRATCH/serve-$RES-sp4-e-compiled" --bench "$SCRATCH/bench-$RES-sp4-compiled.json" --out "$SCRATCH/report-$RES-sp4" ;;
-    abeng)    need CAND && step ab-engine-$CAND $H ab-engine --preset lingbot-480x832 --device cuda --sp 1 --mode "${MODE:-compiled}" --candidate "$CAND" --pairs "${PAIRS:-4}" --chunks "${CHUNKS:-7}" --json "$SCRATCH/ab-engine-$CAND.json" ;;
+    abeng)    need CAND && step ab-engine-$CAND $H ab-engine --preset lingbot-480x832 --device cuda --sp 1 --mode "${MODE:-compiled}" --candidate "$CAND" --launches "${LAUNCHES:-3}" --pairs "${PAIRS:-4}" --chunks "${CHUNKS:-7}" --json "$SCRATCH/ab-engine-$CAND.json" ;;
     report)   step report $H report $(ls -d "$SCRATCH"/serve-*/ 2>/dev/null) --out "$SCRATCH/report" ;;
     gate)     need GATE_A GATE_B && step "gate-$GATE_A-vs-$GATE_B" $H gate "$SCRATCH/$GATE_A" "$SCRATCH/$GATE_B" ${GATE_EXACT:+--exact} --json "$SCRATCH/gate-$GATE_A-vs-$GATE_B.json" ;;
     gputests) step gpu-tests python3 -m pytest -q -p no:cacheprovider tests/candidates/test_h4a_fused_output.py tests/candidates/test_h4b_pinned_d2h.py tests/hooks/test_hooks_cuda.py tests/engine/test_dit_cuda_nosync.py ;;

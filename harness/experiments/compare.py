@@ -15,15 +15,18 @@ Judgement, in this order:
    kind that covers every candidate under test) on round 0, B against A. A failure stops the
    comparison after round 0: no speed is ever claimed for a wrong answer. A serving-gate
    candidate is judged by its own scenarios; here its gate is recorded as skipped.
-3. **Speed**, per boundary (cpu_ready, encoded, delivered) and for TTFC: ratio of medians
-   candidate/baseline of the steady intervals pooled over rounds, with a 95 % interval from
-   resampling whole sessions of each arm (``stats.ratio_of_medians``), against an **A/A noise
-   floor**: the same statistic between two halves of the baseline. With ≥ 2 rounds the halves
-   are the baseline's even rounds vs its odd rounds — whole launches, so launch-to-launch
-   variance (process placement, allocator state) is in the floor just as it is in A vs B; with
-   one round, the baseline's sessions split alternately. Verdict (``stats.ab_verdict``): faster /
-   slower only when the A/B interval clears 1 by more than the floor, else no resolvable
-   difference.
+3. **Speed**, per boundary (cpu_ready, encoded, delivered) and for TTFC, by ``stats.judge_ab``:
+   every launch (round × arm) is one unit, the median of its pooled steady intervals; the ratio
+   candidate/baseline and its Welch t interval over launches carry launch-to-launch variance
+   (process placement, allocator state). One round is one launch per arm: no verdict. Faster /
+   slower when the whole interval is below / above 1, equivalent when it lies within 1 ± margin.
+   The baseline's even vs odd rounds give an A/A interval (≥ 4 rounds): a check for drift, not a floor.
+
+With ``--until-resolved`` rounds continue until the verdict at cpu_ready is faster, slower or
+equivalent, or ``--max-rounds`` is reached; each look (after round 2, 3, …) takes its interval at
+the level an alpha-spending plan gives it (``stats.spending_levels``), so the chance of a false
+faster/slower over all looks stays ≤ 5 %. The minimum detectable effect (80 % power) is printed
+after the first look, for the whole budget, and at the end, for the rounds run.
 
 Outputs: ``OUT/compare.json`` (``CompareResult``) and ``OUT/compare.md``.
 """
@@ -31,6 +34,7 @@ Outputs: ``OUT/compare.json`` (``CompareResult``) and ``OUT/compare.md``.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import re
 from pathlib import Path
@@ -43,7 +47,7 @@ from harness.measure import metrics as M
 from harness.measure import stats as S
 from harness.measure.events import ChunkEvent, SessionStart, read_run
 
-SCHEMA = 1
+SCHEMA = 2
 BOUNDARIES: tuple[str, ...] = ("cpu_ready", "encoded", "delivered")
 REFERENCE = "cpu_ready"
 TTFC_BOUNDARY = "delivered"
@@ -86,6 +90,10 @@ class Ratio(msgspec.Struct, frozen=True):
     high: float
     n_sessions: int
     n_samples: int
+    #: launches per arm (baseline, candidate) the interval was taken over; its confidence and df
+    launches: tuple[int, int] = (0, 0)
+    confidence: float = S.DEFAULT_CONFIDENCE
+    df: float | None = None
 
 
 class Row(msgspec.Struct, frozen=True):
@@ -95,13 +103,18 @@ class Row(msgspec.Struct, frozen=True):
     candidate_ms: float | None
     ab: Ratio | None
     aa: Ratio | None
+    #: the A/B floor of schema 1; always None since the launch-level interval (schema 2)
     noise_floor: float | None
-    #: True/False only when a verdict was allowed (gate passed and an estimate exists)
+    #: True/False only when a verdict was allowed (gate passed and ≥ 2 launches per arm)
     significant: bool | None
     verdict: str
     reason: str
     baseline_samples: int
     candidate_samples: int
+    #: relative shift this row's data detects with 80 % power at its look's level
+    mde: float | None = None
+    #: one launch per arm: the within-launch (session-level) interval, descriptive only
+    within_launch: Ratio | None = None
 
 
 class CompareResult(msgspec.Struct, frozen=True):
@@ -114,15 +127,19 @@ class CompareResult(msgspec.Struct, frozen=True):
     protocol: dict
     runs: list[RunRef]
     gate: GateRecord
-    noise_floor_method: str
+    #: how the verdict is taken (``VERDICT_METHOD``)
+    method: str
     reference: str
     verdict: str
     reason: str
     rows: list[Row]
-    bootstrap: dict
+    #: the interval's kind, the nominal level of the look it was taken at, the equivalence margin
+    interval: dict
     stopped_early: str | None = None
     #: what was compared on: preset, mode, DiT depth, SP/VAE ranks, device, placement (round 0 A)
     setting: dict = msgspec.field(default_factory=dict)
+    #: --until-resolved: the plan (max rounds, margin, looks and their levels) and how it ended
+    sequential: dict | None = None
 
 
 def run_setting(manifest: dict) -> dict:
@@ -342,69 +359,30 @@ def pooled(rounds: Rounds) -> list[list[int]]:
     return [s for r in rounds for s in r if s]
 
 
-def aa_halves(rounds: Rounds) -> tuple[list[list[int]], list[list[int]], str] | None:
-    """Two halves of the baseline for the A/A comparison, and how they were drawn; None when a
-    half would have fewer than ``stats.MIN_SESSIONS_PER_HALF`` sessions."""
-    with_samples = [[s for s in r if s] for r in rounds]
-    with_samples = [r for r in with_samples if r]
-    if len(with_samples) >= 2:
-        x = [s for r in with_samples[0::2] for s in r]
-        y = [s for r in with_samples[1::2] for s in r]
-        how = "rounds"
-    elif with_samples:
-        x, y = S.split_alternating(with_samples[0])
-        how = "sessions"
-    else:
-        return None
-    return (x, y, how) if min(len(x), len(y)) >= S.MIN_SESSIONS_PER_HALF else None
+VERDICT_METHOD = ("each launch (round × arm) one unit: the median of its pooled steady intervals; ratio = "
+                  "exp(mean log unit B − mean log unit A), Welch t interval over launches (launch-to-launch "
+                  "variance included); no verdict with < 2 launches per arm; A/A = baseline even vs odd rounds, a check")
 
 
-def noise_floor_method(rounds: int) -> str:
-    if rounds >= 2:
-        return ("A/A = baseline even rounds (0, 2, …) vs odd rounds (1, 3, …), ratio of medians with the same "
-                "session bootstrap; floor = farthest end of its 95 % interval from 1 (launch-to-launch noise included)")
-    return ("A/A = the baseline round's sessions split alternately (one launch: launch-to-launch noise not "
-            "included); floor = farthest end of its 95 % interval from 1")
+def _ratio(e: S.Interval, n_sessions: int, n_samples: int) -> Ratio:
+    return Ratio(e.value, e.low, e.high, n_sessions, n_samples, (e.n_a, e.n_b), e.confidence, e.df)
 
 
-MIN_SESSIONS_PER_ARM = 2
-
-
-def resolution_shortfall(n_base_sessions: int, n_cand_sessions: int, has_aa: bool) -> str | None:
-    """Why the data cannot resolve a difference at all, or None when it can."""
-    if min(n_base_sessions, n_cand_sessions) < MIN_SESSIONS_PER_ARM:
-        return (f"too few sessions to resolve a difference ({n_base_sessions} baseline, {n_cand_sessions} candidate; "
-                f"need ≥ {MIN_SESSIONS_PER_ARM} each)")
-    if not has_aa:
-        return (f"no A/A noise floor (each half of the baseline needs ≥ {S.MIN_SESSIONS_PER_HALF} measured sessions: "
-                "more --sessions or --rounds)")
-    return None
-
-
-def _ratio(e: S.Estimate) -> Ratio:
-    return Ratio(e.value, e.low, e.high, e.n_sessions, e.n_samples)
-
-
-def compare_metric(metric: str, boundary: str, base: Rounds, cand: Rounds, gate_passed: bool | None, boot: dict) -> Row:
+def compare_metric(metric: str, boundary: str, base: Rounds, cand: Rounds, gate_passed: bool | None,
+                   level: float = S.DEFAULT_ALPHA, margin: float = S.DEFAULT_MARGIN) -> Row:
     b, c = pooled(base), pooled(cand)
     nb, nc = sum(map(len, b)), sum(map(len, c))
     if not b or not c:
         side = "baseline" if not b else "candidate"
         return Row(metric, boundary, None, None, None, None, None, None, "no verdict", f"no {side} samples", nb, nc)
-    ab = S.ratio_of_medians(b, c, **boot)
-    halves = aa_halves(base)
-    aa = S.ratio_of_medians(halves[0], halves[1], **boot) if halves else None
-    v = S.ab_verdict(ab, aa, gate_passed)
-    short = resolution_shortfall(len(b), len(c), aa is not None)
-    if short and v.verdict in ("faster", "slower"):
-        # One session per arm bootstraps to a single point and no A/A means no floor: an interval
-        # of zero width would "clear" any band, so nothing is resolved.
-        v = msgspec.structs.replace(v, verdict="no resolvable difference", reason=f"{short}; {v.reason}")
+    v = S.judge_ab(base, cand, gate_passed=gate_passed, level=level, margin=margin)
+    n = len(b) + len(c)
     significant = None if v.verdict == "no verdict" else v.verdict in ("faster", "slower")
     return Row(
         metric, boundary,
         S.nearest_rank([x for s in b for x in s], 50) / 1e6, S.nearest_rank([x for s in c for x in s], 50) / 1e6,
-        _ratio(ab), _ratio(aa) if aa else None, v.noise_floor, significant, v.verdict, v.reason, nb, nc,
+        _ratio(v.ab, n, nb + nc) if v.ab else None, _ratio(v.aa, len(b), nb) if v.aa else None, None, significant,
+        v.verdict, v.reason, nb, nc, v.mde, _ratio(v.within_launch, n, nb + nc) if v.within_launch else None,
     )
 
 
@@ -423,14 +401,14 @@ def metric_rounds(runs: Sequence[RunData], fn: Callable, boundary: str) -> Round
     return [fn(r.events, r.sessions, boundary, r.meta.window) for r in runs]
 
 
-def timing_rows(runs_a: Sequence[RunData], runs_b: Sequence[RunData], gate_passed: bool | None, boot: dict) -> list[Row]:
+def timing_rows(runs_a: Sequence[RunData], runs_b: Sequence[RunData], gate_passed: bool | None, **judge) -> list[Row]:
     rows = [
         compare_metric(f"steady interval P50 @ {b}", b, metric_rounds(runs_a, interval_sessions, b),
-                       metric_rounds(runs_b, interval_sessions, b), gate_passed, boot)
+                       metric_rounds(runs_b, interval_sessions, b), gate_passed, **judge)
         for b in BOUNDARIES
     ]
     rows.append(compare_metric(f"TTFC P50 @ {TTFC_BOUNDARY}", TTFC_BOUNDARY, metric_rounds(runs_a, ttfc_sessions, TTFC_BOUNDARY),
-                               metric_rounds(runs_b, ttfc_sessions, TTFC_BOUNDARY), gate_passed, boot))
+                               metric_rounds(runs_b, ttfc_sessions, TTFC_BOUNDARY), gate_passed, **judge))
     return rows
 
 
@@ -447,6 +425,38 @@ def round_dirs(out: Path) -> list[tuple[int, str, Path]]:
     return sorted(found, key=lambda t: (t[0], t[1]))
 
 
+class Plan(msgspec.Struct, frozen=True):
+    """How many looks the verdict is taken at: one, after ``max_rounds`` (``--rounds``), or one
+    after every round from the second (``--until-resolved``); each look's level follows."""
+
+    max_rounds: int
+    sequential: bool = False
+    margin: float = S.DEFAULT_MARGIN
+    alpha: float = S.DEFAULT_ALPHA
+
+    @property
+    def looks(self) -> tuple[int, ...]:
+        return S.sequential_looks(self.max_rounds) if self.sequential else (self.max_rounds,)
+
+    def level(self, rounds: int) -> float:
+        """Nominal two-sided level of the look after ``rounds`` rounds (α when it is no planned look)."""
+        looks = self.looks
+        return S.spending_levels(looks, self.alpha)[looks.index(rounds)] if rounds in looks else self.alpha
+
+    def mde_for_budget(self, row: Row, rounds: int) -> float | None:
+        """The shift the whole budget detects with 80 % power, from the spread seen after ``rounds``:
+        the standard error shrinks as 1/√rounds, the degrees of freedom grow with the rounds."""
+        if row.ab is None or row.ab.df is None or rounds < S.MIN_LAUNCHES:
+            return None
+        se = math.log(row.ab.high / row.ab.low) / 2 / float(S.t_quantile(1 - row.ab.confidence, row.ab.df))
+        grow = (self.max_rounds - 1) / (rounds - 1)
+        return S.min_detectable(se * math.sqrt(rounds / self.max_rounds), row.ab.df * grow, self.level(self.max_rounds))
+
+    def record(self) -> dict:
+        return {"max_rounds": self.max_rounds, "margin": self.margin, "alpha": self.alpha, "looks": list(self.looks),
+                "levels": list(S.spending_levels(self.looks, self.alpha))}
+
+
 def analyze(
     runs_a: Sequence[RunMeta],
     runs_b: Sequence[RunMeta],
@@ -454,15 +464,16 @@ def analyze(
     rounds_requested: int,
     gate_record: GateRecord | None = None,
     stopped_early: str | None = None,
-    n_boot: int = S.DEFAULT_BOOT,
-    seed: int = S.DEFAULT_SEED,
+    plan: Plan | None = None,
+    sequential: dict | None = None,
 ) -> CompareResult:
     cand = check_comparable(runs_a, runs_b)
     g = gate_record or run_gate(runs_a[0], runs_b[0], cand)
-    boot = {"n_boot": n_boot, "seed": seed, "confidence": S.DEFAULT_CONFIDENCE}
+    plan = plan or Plan(rounds_requested)
+    rounds_run = len({r.round for r in runs_b})
     data_a, data_b = [load_data(r) for r in runs_a], [load_data(r) for r in runs_b]
-    rows = timing_rows(data_a, data_b, g.passed_for_speed, boot)
-    head = next(r for r in rows if r.boundary == REFERENCE and r.metric.startswith("steady"))
+    rows = timing_rows(data_a, data_b, g.passed_for_speed, level=plan.level(rounds_run), margin=plan.margin)
+    head = head_row(rows)
     reason = head.reason
     if g.status == "skipped":
         reason += "; gate: " + g.verdict
@@ -474,20 +485,25 @@ def analyze(
         candidate=cand,
         baseline=a0.candidates,
         rounds_requested=rounds_requested,
-        rounds_run=len({r.round for r in runs_b}),
+        rounds_run=rounds_run,
         order=" ".join(f"{r.arm}{r.round}" for r in refs),
         protocol=proto,
         runs=[RunRef(r.round, r.arm, r.dir, r.candidates, r.summary.get("status", "?")) for r in refs],
         gate=g,
-        noise_floor_method=noise_floor_method(len({r.round for r in runs_a})),
+        method=VERDICT_METHOD,
         reference=REFERENCE,
         verdict=head.verdict,
         reason=reason,
         rows=rows,
-        bootstrap={**boot, "method": "session"},
+        interval={"kind": "launch-level t", "level": plan.level(rounds_run), "margin": plan.margin},
         stopped_early=stopped_early,
         setting=run_setting(a0.manifest),
+        sequential=sequential,
     )
+
+
+def head_row(rows: Sequence[Row]) -> Row:
+    return next(r for r in rows if r.boundary == REFERENCE and r.metric.startswith("steady"))
 
 
 def reanalyze(out: Path, **kw) -> CompareResult:
@@ -498,7 +514,14 @@ def reanalyze(out: Path, **kw) -> CompareResult:
     metas = [load_meta(p, r, arm) for r, arm, p in dirs]
     runs_a = [m for m in metas if m.arm == "A"]
     runs_b = [m for m in metas if m.arm == "B"]
-    return analyze(runs_a, runs_b, rounds_requested=len({m.round for m in metas}), **kw)
+    rounds = len({m.round for m in metas})
+    seq = None
+    if (out / "compare.json").is_file():  # judge at the level of the look the comparison stopped at
+        seq = _read_json(out / "compare.json").get("sequential")
+    if seq:
+        kw.setdefault("plan", Plan(seq["max_rounds"], True, seq["margin"], seq.get("alpha", S.DEFAULT_ALPHA)))
+        kw.setdefault("sequential", seq)
+    return analyze(runs_a, runs_b, rounds_requested=seq["max_rounds"] if seq else rounds, **kw)
 
 
 # ---- rendering -----------------------------------------------------------------------------
@@ -514,38 +537,55 @@ def _sig(row: Row) -> str:
     return f"yes ({row.verdict})" if row.significant else "no"
 
 
+def _iv(r: Ratio | None) -> str:
+    return "—" if r is None else f"[{r.low:.4f}, {r.high:.4f}]"
+
+
 def render_md(res: CompareResult) -> str:
-    g = res.gate
+    g, lv = res.gate, res.interval
+    seq = res.sequential
     lines = [
         f"# compare: {' + '.join(res.candidate)} vs baseline {' + '.join(res.baseline) or '(no candidate)'}",
         "",
         f"**Verdict @ {res.reference}: {res.verdict}** — {res.reason}",
         "",
         f"- **{gate_line(g)}**",
-        f"- rounds: {res.rounds_run} of {res.rounds_requested} requested, order {res.order}"
-        + (f"; stopped early: {res.stopped_early}" if res.stopped_early else ""),
+        f"- rounds: {res.rounds_run} of {res.rounds_requested} " + ("at most (--until-resolved)" if seq else "requested")
+        + f", order {res.order}" + (f"; stopped early: {res.stopped_early}" if res.stopped_early else ""),
         f"- protocol per launch: {res.protocol.get('name', 'timing')}, {res.protocol.get('sessions', '?')} sessions "
         f"(1 warm-up), {res.protocol.get('chunks_per_session', '?')} chunks, window {res.protocol.get('window', '?')}",
-        f"- statistic: ratio of medians candidate/baseline (< 1 = candidate faster), 95 % session-bootstrap interval "
-        f"({res.bootstrap['n_boot']} replicates, seed {res.bootstrap['seed']})",
-        f"- noise floor: {res.noise_floor_method}",
+        f"- verdict: {res.method}",
+        f"- interval: {100 * (1 - lv['level']):.4g} % (nominal level {lv['level']:.3g} of this look); equivalent = "
+        f"within 1 ± {lv['margin']:g}",
+    ]
+    if seq:
+        lines.append(f"- sequential: looks after rounds {seq['looks'][0]}–{seq['looks'][-1]}, alpha spent O'Brien–Fleming-"
+                     f"type (overall false faster/slower ≤ {seq['alpha']:g}); {seq.get('outcome', '')}; minimum detectable "
+                     f"effect (80 % power): {_pct(seq.get('mde_before'))} for the whole budget after round "
+                     f"{seq['looks'][0]}, {_pct(seq.get('mde_after'))} at the end")
+    lines += [
         "",
-        "| metric | baseline | candidate | ratio | 95 % interval | A/A interval (floor) | significant? | gate |",
-        "|---|---:|---:|---:|---|---|---|---|",
+        "| metric | baseline | candidate | ratio | interval | launches | A/A interval | MDE (80 %) | verdict | gate |",
+        "|---|---:|---:|---:|---|---|---|---:|---|---|",
     ]
     for r in res.rows:
-        ab = r.ab
-        aa = f"[{r.aa.low:.4f}, {r.aa.high:.4f}] (±{r.noise_floor:.4f})" if r.aa and r.noise_floor is not None else "—"
-        aa += " uninformative" if r.noise_floor is not None and r.noise_floor >= UNINFORMATIVE_FLOOR else ""
+        ab = r.ab or r.within_launch
+        note = " (within one launch: no verdict)" if r.ab is None and r.within_launch else ""
+        launches = f"{ab.launches[0]}+{ab.launches[1]}" if r.ab else "—"
         lines.append(
             f"| {r.metric} | {_f(r.baseline_ms)} ms | {_f(r.candidate_ms)} ms | {_f(ab.value if ab else None, '{:.4f}')} | "
-            f"{f'[{ab.low:.4f}, {ab.high:.4f}]' if ab else '—'} | {aa} | {_sig(r)} | {g.status} ({g.kind}) |"
+            f"{_iv(ab)}{note} | {launches} | {_iv(r.aa)} | {_pct(r.mde)} | {r.verdict} | {g.status} ({g.kind}) |"
         )
     lines += ["", "## runs", "", "| round | arm | candidates | status | directory |", "|---:|---|---|---|---|"]
     for r in res.runs:
         lines.append(f"| {r.round} | {r.arm} | {', '.join(r.candidates) or '—'} | {r.status} | `{r.dir}` |")
-    lines += ["", "Samples per row: steady intervals pooled over rounds (TTFC: one per measured session).", ""]
+    lines += ["", "Units: one per launch, the median of its steady intervals pooled over its sessions (TTFC: over its "
+              "measured sessions).", ""]
     return "\n".join(lines)
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.2f} %"
 
 
 def write_outputs(out: Path, res: CompareResult) -> tuple[Path, Path]:
@@ -559,22 +599,9 @@ def write_outputs(out: Path, res: CompareResult) -> tuple[Path, Path]:
     return j, md
 
 
-#: An A/A band whose floor reaches this admits a 1.5× (or 2×) change as noise: it resolves nothing.
-UNINFORMATIVE_FLOOR = 0.5
-
-
 def gate_line(g) -> str:
     """``gate (exact): pass: 28 files …`` — the status said once."""
     return f"gate ({g.kind}): {g.verdict if g.verdict.startswith(g.status) else f'{g.status}: {g.verdict}'}"
-
-
-def noise_note(r) -> str:
-    if not r.aa or r.noise_floor is None:
-        return ""
-    band = f"A/A noise band [{r.aa.low:.4f}, {r.aa.high:.4f}]"
-    if r.noise_floor >= UNINFORMATIVE_FLOOR:
-        return f"{band} is uninformative (floor ±{r.noise_floor:.2f}: too few rounds/sessions to resolve < 1.5×)"
-    return f"{band} (floor ±{r.noise_floor:.4f})"
 
 
 def summary_lines(res: CompareResult) -> list[str]:
@@ -582,12 +609,14 @@ def summary_lines(res: CompareResult) -> list[str]:
     for r in res.rows:
         if r.ab:
             out.append(f"  {r.metric:<34} {_f(r.baseline_ms)} → {_f(r.candidate_ms)} ms  ratio {r.ab.value:.4f} "
-                       f"[{r.ab.low:.4f}, {r.ab.high:.4f}]  {r.verdict}")
-            if note := noise_note(r):
-                out.append(f"  {'':<34} {note}")
+                       f"[{r.ab.low:.4f}, {r.ab.high:.4f}] over {r.ab.launches[0]}+{r.ab.launches[1]} launches  {r.verdict}")
         else:
-            out.append(f"  {r.metric:<34} {r.reason}")
-    out.append(f"verdict @ {res.reference}: {res.verdict}")
+            out.append(f"  {r.metric:<34} {r.verdict}: {r.reason}")
+    if res.sequential:
+        q = res.sequential
+        out.append(f"sequential: {q.get('outcome')}; minimum detectable effect (80 % power) {_pct(q.get('mde_before'))} "
+                   f"for {q['max_rounds']} rounds (seen after round {q['looks'][0]}), {_pct(q.get('mde_after'))} at the end")
+    out.append(f"verdict @ {res.reference}: {res.verdict}" + (f" — {res.reason}" if res.verdict == "no verdict" else ""))
     return out
 
 
@@ -602,6 +631,39 @@ def default_out(candidate: Sequence[str]) -> Path:
     return REPO_ROOT / "runs" / f"{stamp}-compare-{tag}-{os.getpid()}"
 
 
+DECISIVE = ("faster", "slower", "equivalent")
+
+
+def check_plan(rounds: int, until_resolved: bool, max_rounds: int, margin: float) -> Plan:
+    """The plan of looks, refused in one line when it cannot work."""
+    if not 0 < margin < 1:
+        raise HarnessError(f"--margin must be in (0, 1) (0.02 = ±2 %), got {margin}")
+    if until_resolved:
+        if max_rounds < S.MIN_LAUNCHES:
+            raise HarnessError(f"--max-rounds must be ≥ {S.MIN_LAUNCHES} (a verdict needs {S.MIN_LAUNCHES} launches per arm), got {max_rounds}")
+        return Plan(max_rounds, True, margin)
+    if rounds < 1:
+        raise HarnessError(f"--rounds must be ≥ 1, got {rounds}")
+    return Plan(rounds, False, margin)
+
+
+def _launch_round(cfg, out: Path, r: int, specs_by_arm, hooks, progress, proto, log) -> dict[str, RunMeta]:
+    from harness.drivers.serve import ServeOptions, serve
+    from harness.experiments.protocols import serve_options
+
+    metas = {}
+    for arm, specs in specs_by_arm:
+        d = out / f"round{r}-{arm}"
+        opts = serve_options(proto, ServeOptions(out=str(d), candidates=specs, hooks=hooks, progress=progress))
+        opts.protocol["ab"] = {"round": r, "arm": arm, "compare_dir": os.fspath(out)}
+        res = serve(cfg, opts)
+        head = res.summary.get("headline", {})
+        log(f"round {r} {arm} ({', '.join(specs) or 'baseline'}): {d}  P50 @ {head.get('boundary')} "
+            f"{_f(head.get('p50_ms'))} ms (n={head.get('n')})")
+        metas[arm] = load_meta(d, r, arm)
+    return metas
+
+
 def run_compare(
     cfg,
     baseline: Sequence[str],
@@ -612,14 +674,14 @@ def run_compare(
     hooks: tuple[str, ...] = (),
     progress: bool = False,
     log: Callable[[str], None] = print,
-    n_boot: int = S.DEFAULT_BOOT,
+    until_resolved: bool = False,
+    max_rounds: int = S.DEFAULT_MAX_ROUNDS,
+    margin: float = S.DEFAULT_MARGIN,
 ) -> CompareResult:
     from harness.candidates import configure, resolve
-    from harness.drivers.serve import ServeOptions, serve
-    from harness.experiments.protocols import protocol_for, serve_options
+    from harness.experiments.protocols import protocol_for
 
-    if rounds < 1:
-        raise HarnessError(f"--rounds must be ≥ 1, got {rounds}")
+    plan = check_plan(rounds, until_resolved, max_rounds, margin)
     if not candidate:
         raise HarnessError("compare needs --candidate ID (the candidate under test)")
     both = [s for s in candidate if s in baseline]
@@ -636,18 +698,10 @@ def run_compare(
     out.mkdir(parents=True, exist_ok=True)
     proto = protocol_for("timing", cfg)
     metas: dict[str, list[RunMeta]] = {"A": [], "B": []}
-    gate_rec, stopped = None, None
-    for r in range(rounds):
-        for arm, specs in (("A", a_specs), ("B", b_specs)):
-            d = out / f"round{r}-{arm}"
-            opts = serve_options(proto, ServeOptions(out=str(d), candidates=specs, hooks=hooks, progress=progress))
-            opts.protocol["ab"] = {"round": r, "arm": arm, "compare_dir": os.fspath(out)}
-            res = serve(cfg, opts)
-            head = res.summary.get("headline", {})
-            p50 = head.get("p50_ms")
-            log(f"round {r} {arm} ({', '.join(specs) or 'baseline'}): {d}  P50 @ {head.get('boundary')} "
-                f"{_f(p50)} ms (n={head.get('n')})")
-            metas[arm].append(load_meta(d, r, arm))
+    gate_rec, stopped, seq = None, None, plan.record() if until_resolved else None
+    for r in range(plan.max_rounds):
+        for arm, m in _launch_round(cfg, out, r, (("A", a_specs), ("B", b_specs)), hooks, progress, proto, log).items():
+            metas[arm].append(m)
         if r == 0:
             cand = check_comparable(metas["A"], metas["B"])  # refuse before spending more rounds
             gate_rec = run_gate(metas["A"][0], metas["B"][0], cand)
@@ -655,7 +709,28 @@ def run_compare(
             if gate_rec.status == "fail":
                 stopped = "numeric gate failed on round 0: no speed is claimed, remaining rounds skipped"
                 break
-    return analyze(metas["A"], metas["B"], rounds_requested=rounds, gate_record=gate_rec, stopped_early=stopped, n_boot=n_boot)
+        if seq is None or r + 1 not in plan.looks:
+            continue
+        head = head_row(analyze(metas["A"], metas["B"], rounds_requested=plan.max_rounds, gate_record=gate_rec, plan=plan).rows)
+        log(f"look after {r + 1} rounds: {head.verdict} at level {plan.level(r + 1):.3g} — {head.reason}")
+        if r + 1 == plan.looks[0]:
+            seq["mde_before"] = plan.mde_for_budget(head, r + 1)
+            log(f"minimum detectable effect (80 % power) with all {plan.max_rounds} rounds, from the spread so far: "
+                f"{_pct(seq['mde_before'])}")
+        if head.verdict in DECISIVE or head.verdict == "no verdict":
+            seq["outcome"] = f"{head.verdict} after {r + 1} rounds"
+            stopped = None if r + 1 == plan.max_rounds else f"resolved after {r + 1} rounds: {head.verdict}"
+            break
+    else:
+        if seq is not None:
+            seq["outcome"] = f"unresolved at the maximum of {plan.max_rounds} rounds"
+    res = analyze(metas["A"], metas["B"], rounds_requested=plan.max_rounds, gate_record=gate_rec, stopped_early=stopped,
+                  plan=plan, sequential=seq)
+    if seq is not None:
+        seq.setdefault("outcome", res.verdict)
+        seq["mde_after"] = head_row(res.rows).mde
+        seq["rounds"] = res.rounds_run
+    return res
 
 
 def main(args) -> int:
@@ -667,10 +742,12 @@ def main(args) -> int:
         out = Path(args.out)
         res = reanalyze(out)
     else:
+        check_plan(args.rounds, args.until_resolved, args.max_rounds, args.margin)  # before any config is built
         cfg = resolve_config(args)
         out = Path(args.out) if args.out else default_out(args.candidate or ["none"])
         res = run_compare(cfg, args.baseline, args.candidate, rounds=args.rounds, out=out,
-                          hooks=parse_hooks(args.hooks), progress=not args.no_progress)
+                          hooks=parse_hooks(args.hooks), progress=not args.no_progress,
+                          until_resolved=args.until_resolved, max_rounds=args.max_rounds, margin=args.margin)
     j, md = write_outputs(out, res)
     for line in summary_lines(res):
         print(line)

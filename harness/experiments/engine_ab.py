@@ -5,14 +5,22 @@ per rank.
 every round (at full size about a minute of start-up and warm-up per launch). A candidate
 that only changes the DiT engine — a runtime switch the engine reads at each forward
 (``kv_path``, ``attention``: H1a, H1b) or an engine patch (H2a) — can be judged without any of
-that: one engine, weights initialised once, sessions alternating A B B A A B … with the same
-seed for each pair, so every B session has an A twin of identical inputs.
+that: per launch one engine, weights initialised once, sessions alternating A B B A A B … with
+the same seed for each pair, so every B session has an A twin of identical inputs.
 
-Judgement mirrors ``compare``: the candidate's gate first (exact: byte-identical latents of every
-chunk of every pair; threshold: the latent criteria of DESIGN §5), then the ratio of medians B/A
-of the steady chunk times (chunks whose K window is saturated) with a 95 % session-bootstrap
-interval, against an A/A floor from the A sessions split alternately. Anything that changes the
-serving pipeline (VAE, output path, scheduler) is refused: use ``compare``.
+**What a launch is here.** Pairs share one process: its placement, allocator state, clocks and —
+compiled — the kernels chosen for each arm's path. A difference between the arms that comes from
+how this one process happened to settle (an autotuned kernel, a buffer's placement) repeats in
+every pair, so pairs are not independent evidence: from one process any number of pairs gives an
+interval that is too narrow. ``--launches L`` starts L separate process groups (fresh weights,
+fresh compilation), each running ``--pairs`` pairs; a launch is the unit of the verdict, as in
+``compare``: per launch the median steady chunk time of each arm, and the one-sample t interval of
+the per-launch log ratios B/A (paired: both arms share the launch, so what the launch shifts for
+both cancels). One launch: no verdict.
+
+Judgement: the candidate's gate first (exact: byte-identical latents of every chunk of every
+pair; threshold: the latent criteria of DESIGN §5), then ``stats.judge_ab``. Anything that
+changes the serving pipeline (VAE, output path, scheduler) is refused: use ``compare``.
 """
 
 from __future__ import annotations
@@ -116,44 +124,44 @@ def gate_pairs(kind: str, a: list[list[bytes]], b: list[list[bytes]], shape: tup
             **({"worst_rel_l2": worst} if kind == "threshold" else {})}
 
 
-def judge(a: list[list[float]], b: list[list[float]], steady: int, gate_passed: bool, seed: int = 0) -> dict:
-    """Ratio of medians B/A of the steady chunk times, 95 % interval, A/A floor, verdict."""
-    sa, sb = [t[steady:] for t in a], [t[steady:] for t in b]
-    if not all(sa) or not all(sb):
+DEFAULT_LAUNCHES = 3
+
+
+def judge(launches: list[dict], steady: int, gate_passed: bool) -> dict:
+    """Per launch the steady chunk times of each arm (chunks whose K window is saturated) →
+    medians, the paired launch-level interval of B/A, the verdict (``stats.judge_ab``)."""
+    arms = {arm: [[t[steady:] for t in l[arm]] for l in launches] for arm in ("A", "B")}
+    if not all(s for arm in arms.values() for l in arm for s in l):
         raise HarnessError(f"sessions need more than {steady} chunks for a steady (window-saturated) chunk")
-    ab = S.ratio_of_medians(sa, sb, seed=seed)
-    # A sessions by position: the first-run A of each pair vs the second-run one, so any order
-    # effect lands in the floor (conservative)
-    h1, h2 = S.split_alternating(sa)
-    aa = S.ratio_of_medians(h1, h2, seed=seed) if min(len(h1), len(h2)) >= S.MIN_SESSIONS_PER_HALF else None
-    v = S.ab_verdict(ab, aa, gate_passed)
-    if aa is None and v.verdict in ("faster", "slower"):
-        v = msgspec.structs.replace(v, verdict="no resolvable difference",
-                                    reason=f"{v.reason.replace(' (no A/A noise floor)', '')}; no A/A noise floor: "
-                                           f"needs ≥ {2 * S.MIN_SESSIONS_PER_HALF} pairs")
-    return {"baseline_ms": S.nearest_rank([x for s in sa for x in s], 50),  # the statistic the ratio uses
-            "candidate_ms": S.nearest_rank([x for s in sb for x in s], 50),
-            "ratio": msgspec.to_builtins(ab), "aa": msgspec.to_builtins(aa) if aa else None,
-            "noise_floor": v.noise_floor, "verdict": v.verdict, "reason": v.reason}
+    v = S.judge_ab(arms["A"], arms["B"], gate_passed=gate_passed, paired=True)
+    flat = {arm: [x for l in arms[arm] for s in l for x in s] for arm in arms}
+    return {"baseline_ms": S.nearest_rank(flat["A"], 50), "candidate_ms": S.nearest_rank(flat["B"], 50),
+            "launches": len(launches), "ratio": msgspec.to_builtins(v.ab) if v.ab else None,
+            "within_launch": msgspec.to_builtins(v.within_launch) if v.within_launch else None,
+            "aa": msgspec.to_builtins(v.aa) if v.aa else None, "noise_floor": None, "mde": v.mde,
+            "verdict": v.verdict, "reason": v.reason}
 
 
-def run(cfg: HarnessConfig, specs: list[str], pairs: int, chunks: int) -> dict:
+def run(cfg: HarnessConfig, specs: list[str], pairs: int, chunks: int, launches: int = DEFAULT_LAUNCHES) -> dict:
     switches = engine_switches(specs, cfg)  # refuses before anything starts
     steady = steady_chunk_index(cfg)
     if chunks <= steady:
         raise HarnessError(f"--chunks {chunks}: sessions need more than {steady} chunks for a steady (window-saturated) chunk")
     kind = gate_kind([c.gate for c, _ in C.resolve(specs, cfg)])
     backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
-    res = run_ranks(_rank, cfg.parallel.sp, cfg, specs, switches, pairs, chunks, backend=backend, timeout_s=3600)[0]
+    # every launch a fresh process group: new weights, new compilation, new allocator
+    res = [run_ranks(_rank, cfg.parallel.sp, cfg, specs, switches, pairs, chunks, backend=backend, timeout_s=3600)[0]
+           for _ in range(launches)]
     shape = (16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)
-    gate = gate_pairs(kind, res["latents"]["A"], res["latents"]["B"], shape)
+    gate = gate_pairs(kind, [s for r in res for s in r["latents"]["A"]], [s for r in res for s in r["latents"]["B"]], shape)
     out = {"candidate": specs, "preset": cfg.name, "mode": cfg.runtime.mode, "sp": cfg.parallel.sp,
-           "layers": cfg.model.num_layers, "pairs": pairs, "chunks": chunks, "order": " ".join(res["order"]),
-           "steady_from_chunk": steady, "gate": gate, "chunk_ms": {"A": res["A"], "B": res["B"]}}
+           "layers": cfg.model.num_layers, "pairs": pairs, "chunks": chunks, "order": " ".join(res[0]["order"]),
+           "steady_from_chunk": steady, "gate": gate,
+           "chunk_ms": [{"A": r["A"], "B": r["B"]} for r in res]}
     if gate["passed"]:
-        out.update(judge(res["A"], res["B"], steady, True))
+        out.update(judge(res, steady, True))
     else:
-        out.update(verdict="no verdict", reason=f"{kind} gate failed: {', '.join(gate['failed'][:3])}")
+        out.update(launches=launches, verdict="no verdict", reason=f"{kind} gate failed: {', '.join(gate['failed'][:3])}")
     return out
 
 
@@ -161,22 +169,24 @@ def main(args) -> int:
     from harness.cli import base_config
 
     cfg = override(base_config(args), parallel={"sp": args.sp}, runtime={"device": args.device, "mode": args.mode})
-    if args.pairs < 1 or (args.chunks is not None and args.chunks < 1):
-        raise HarnessError("--pairs and --chunks must be ≥ 1")
+    if args.pairs < 1 or args.launches < 1 or (args.chunks is not None and args.chunks < 1):
+        raise HarnessError("--pairs, --launches and --chunks must be ≥ 1")
     if not args.candidate:
         raise HarnessError("ab-engine needs --candidate ID")
     if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
         raise HarnessError("--device cuda but no CUDA device is visible")
-    res = run(cfg, list(args.candidate), args.pairs, args.chunks or cfg.video.chunks_per_session)
+    res = run(cfg, list(args.candidate), args.pairs, args.chunks or cfg.video.chunks_per_session, args.launches)
     g = res["gate"]
     print(f"ab-engine {'+'.join(res['candidate'])} on {res['preset']} ({res['mode']}, SP={res['sp']}, {res['layers']} layers), "
-          f"{res['pairs']} pairs × {res['chunks']} chunks, order {res['order']}")
+          f"{res['launches']} launches × {res['pairs']} pairs × {res['chunks']} chunks, order {res['order']}")
     print(f"  gate ({g['kind']}): {'pass' if g['passed'] else 'FAIL'} over {g['compared']} chunk pairs"
           + (f", worst rel-L2 {g['worst_rel_l2']:.3g}" if "worst_rel_l2" in g else ""))
-    if "ratio" in res:
-        r = res["ratio"]
+    r = res.get("ratio") or res.get("within_launch")
+    if r:
+        what = "paired over launches" if res.get("ratio") else "within one launch, no verdict"
         print(f"  steady chunk P50 {res['baseline_ms']:.1f} → {res['candidate_ms']:.1f} ms, ratio {r['value']:.4f} "
-              f"[{r['low']:.4f}, {r['high']:.4f}]")
+              f"[{r['low']:.4f}, {r['high']:.4f}] ({what})"
+              + (f"; minimum detectable effect (80 % power) {100 * res['mde']:.2f} %" if res.get("mde") else ""))
     print(f"  verdict: {res['verdict']} — {res['reason']}")
     if args.json:
         with open(args.json, "w") as f:

@@ -5,7 +5,11 @@ per round) or ``ab-engine`` (inside one DiT engine) — and each writes its own 
 number of them and puts the facts a reader weighs side by side: the gate and its outcome, the
 statistic and where it was taken, baseline and candidate medians, the ratio with its 95 %
 interval, the A/A noise floor, the verdict, and the setting it was measured on (mode, depth,
-placement). Nothing is recomputed: a verdict is reported exactly as its command judged it.
+placement). Nothing is recomputed, but one rule is applied to every result alike
+(``stats.one_launch_reason``): a verdict from fewer than 2 launches per arm — an ``ab-engine`` JSON
+written before ``--launches``, a one-round ``compare`` — is shown as "no verdict: one launch", with
+the recorded verdict beside it; and a result judged by the older session-level interval (launch
+variance missing) says so in its interval column.
 
     python -m harness verdicts runs/compare-H4a runs/ab-engine-H2a.json … [--json F]
 """
@@ -36,6 +40,21 @@ class Verdict(msgspec.Struct, frozen=True):
     verdict: str
     setting: str
     source: str
+    #: launches per arm the interval was taken over (the fewer of the two arms)
+    launches: int = 0
+    #: "launch-level t" (schema 2) or "session bootstrap" (older results: launch variance not in it)
+    interval: str = "launch-level t"
+    #: shift detectable with 80 % power, where the command recorded it
+    mde: float | None = None
+
+
+def apply_launch_rule(v: Verdict) -> Verdict:
+    """The same launch rule as every command: fewer than 2 launches per arm is no verdict."""
+    from harness.measure.stats import one_launch_reason
+
+    if v.verdict.startswith("no verdict") or one_launch_reason(v.launches, v.launches) is None:
+        return v
+    return msgspec.structs.replace(v, verdict=f"no verdict: one launch (recorded: {v.verdict})")
 
 
 def _fmt_setting(mode, layers, extra: Iterable[str]) -> str:
@@ -66,27 +85,35 @@ def from_compare(d: dict, source: str) -> Verdict:
     sched = [f"SP={st['sp']}" if st.get("sp") else "", vae_placement(st.get("placement")),
              f"{n} round{'s' if n != 1 else ''} × {measured} measured sessions per launch"]
     ab = row.get("ab") or {}
-    return Verdict(
+    launches = min(ab["launches"]) if ab.get("launches") else n
+    return apply_launch_rule(Verdict(
         candidate="+".join(d["candidate"]), method="compare",
         gate=f"{g['kind']} {g['status']}" + (f" ({g['n_compared']} compared)" if g.get("n_compared") else ""),
         gate_passed=g["status"] != "fail", statistic=row["metric"],
         baseline_ms=row.get("baseline_ms"), candidate_ms=row.get("candidate_ms"),
         ratio=ab.get("value"), low=ab.get("low"), high=ab.get("high"), noise_floor=row.get("noise_floor"),
-        verdict=d["verdict"], setting=_fmt_setting(st.get("mode"), st.get("layers"), sched), source=source)
+        verdict=d["verdict"], setting=_fmt_setting(st.get("mode"), st.get("layers"), sched), source=source,
+        launches=launches, interval=_interval_kind(d.get("schema", 1)), mde=row.get("mde")))
+
+
+def _interval_kind(schema: int) -> str:
+    return "launch-level t" if schema >= 2 else "session bootstrap"
 
 
 def from_ab_engine(d: dict, source: str) -> Verdict:
-    g, r = d["gate"], d.get("ratio") or {}
+    g, r = d["gate"], d.get("ratio") or d.get("within_launch") or {}
     extra = f", worst rel-L2 {g['worst_rel_l2']:.3g}" if "worst_rel_l2" in g else ""
-    return Verdict(
+    return apply_launch_rule(Verdict(
         candidate="+".join(d["candidate"]), method="ab-engine",
         gate=f"{g['kind']} {'pass' if g['passed'] else 'fail'} ({g['compared']} chunks{extra})",
         gate_passed=bool(g["passed"]), statistic=f"steady DiT chunk P50 (chunks ≥ {d['steady_from_chunk']})",
         baseline_ms=d.get("baseline_ms"), candidate_ms=d.get("candidate_ms"),
         ratio=r.get("value"), low=r.get("low"), high=r.get("high"), noise_floor=d.get("noise_floor"),
         verdict=d["verdict"],
-        setting=_fmt_setting(d.get("mode"), d.get("layers"), [f"SP={d.get('sp')}", f"{d['pairs']} pairs × {d['chunks']} chunks"]),
-        source=source)
+        setting=_fmt_setting(d.get("mode"), d.get("layers"), [f"SP={d.get('sp')}", f"{d.get('launches', 1)} launch(es) × "
+                             f"{d['pairs']} pairs × {d['chunks']} chunks"]),
+        source=source, launches=d.get("launches", 1),
+        interval=_interval_kind(2 if "launches" in d else 1) if d.get("ratio") else "within one launch", mde=d.get("mde")))
 
 
 def _read_json(f: Path):
@@ -123,13 +150,16 @@ def _num(x: float | None, fmt: str, unit: str = "") -> str:
 
 
 def table(verdicts: list[Verdict]) -> str:
-    lines = ["| candidate | method | gate | statistic | baseline | candidate | ratio | 95 % interval | A/A floor | verdict | setting |",
-             "|---|---|---|---|---:|---:|---:|---|---|---|---|"]
+    lines = ["| candidate | method | gate | statistic | baseline | candidate | ratio | interval | launches | A/A floor (older) "
+             "| MDE (80 %) | verdict | setting |",
+             "|---|---|---|---|---:|---:|---:|---|---:|---|---:|---|---|"]
     for v in verdicts:
-        interval = "—" if v.low is None or v.high is None else f"[{v.low:.4f}, {v.high:.4f}]"
+        interval = "—" if v.low is None or v.high is None else f"[{v.low:.4f}, {v.high:.4f}] ({v.interval})"
         floor = "—" if v.noise_floor is None else f"±{v.noise_floor:.4f}"
+        mde = "—" if v.mde is None else f"{100 * v.mde:.2f} %"
         lines.append(f"| {v.candidate} | {v.method} | {v.gate} | {v.statistic} | {_num(v.baseline_ms, '.1f', ' ms')} | "
-                     f"{_num(v.candidate_ms, '.1f', ' ms')} | {_num(v.ratio, '.4f')} | {interval} | {floor} | **{v.verdict}** | {v.setting} |")
+                     f"{_num(v.candidate_ms, '.1f', ' ms')} | {_num(v.ratio, '.4f')} | {interval} | {v.launches} | {floor} | "
+                     f"{mde} | **{v.verdict}** | {v.setting} |")
     return "\n".join(lines)
 
 

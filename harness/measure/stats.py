@@ -1,24 +1,34 @@
-"""Percentiles, session-block bootstrap intervals and the A/B verdict (DESIGN §4).
+"""Percentiles, session-block bootstrap intervals and the A/B verdict (DESIGN §4; the reasoning
+and the alternatives: docs/statistics.md).
 
 Rules, stated once:
 
 - **Percentiles use the nearest-rank rule**: P_p of n samples is the ⌈p·n/100⌉-th smallest, so a
   reported value is always one that occurred. A percentile is *flagged* when n is too small for it
   to differ from the maximum (n < 100/(100−p); for P99 that is n < 100): it is then the maximum.
-- **Bootstrap over sessions**: intervals of one session share its state (cache placement, clocks,
-  neighbours' load), so they are correlated; resampling them one by one would understate the
-  spread. A replicate draws whole sessions with replacement (or, optionally, circular blocks of L
-  consecutive sessions, for drift across a run) and recomputes the statistic; the interval is the
-  percentile interval of the replicates, taken by the same nearest-rank rule, with a fixed seed.
-- **A/B statistic**: ratio = P50(candidate steady intervals) / P50(baseline steady intervals),
-  both nearest-rank medians over the pooled intervals of each arm; its interval resamples the
-  sessions of each arm independently. < 1 means the candidate delivers faster.
+- **Bootstrap over sessions** (tail percentiles of one run): intervals of one session share its
+  state (cache placement, clocks, neighbours' load), so they are correlated; resampling them one by
+  one would understate the spread. A replicate draws whole sessions with replacement (or circular
+  blocks of L consecutive sessions, for drift across a run) and recomputes the statistic; the
+  interval is the percentile interval of the replicates, by the same nearest-rank rule, fixed seed.
+- **A/B verdict, launch level**: a launch (one process: placement, clocks, allocator state,
+  compiled kernels) shifts every session in it, so sessions of one launch are not independent
+  evidence about a candidate. Each launch contributes one unit, the log of the nearest-rank median
+  of its pooled steady intervals; ratio = exp(mean log unit of B − of A); its interval is Student's
+  t on those units (Welch for independent launches; the one-sample t of per-launch differences when
+  A and B share each launch). No verdict with fewer than 2 launches per arm. Faster / slower only
+  when the whole interval is below / above 1; equivalent when it lies within 1 ± margin.
+- **Sequential looks**: ``compare --until-resolved`` looks after every round; each look's interval is
+  taken at the nominal level an O'Brien–Fleming-type alpha-spending plan gives it, so the chance of
+  any false faster/slower over all looks stays ≤ α.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
+from statistics import NormalDist
 from typing import Callable, Literal, Sequence
 
 import msgspec
@@ -35,15 +45,15 @@ DEFAULT_CONFIDENCE = 0.95
 # ---- percentiles ---------------------------------------------------------------------------
 
 
-def _check_p(p: float) -> Fraction:
+def _check_p(p: float | Fraction) -> Fraction:
     # Exact arithmetic: 0.95 * 20 must give rank 19, not ceil(19.000000000000004) = 20.
-    q = Fraction(repr(float(p)))
+    q = p if isinstance(p, Fraction) else Fraction(repr(float(p)))
     if not 0 <= q <= 100:
         raise ValueError(f"percentile must be in [0, 100], got {p}")
     return q
 
 
-def nearest_rank_index(n: int, p: float) -> int:
+def nearest_rank_index(n: int, p: float | Fraction) -> int:
     """0-based index into the sorted samples of P_p by the nearest-rank rule (P0 is the minimum)."""
     if n <= 0:
         raise ValueError("percentile of no samples")
@@ -77,17 +87,19 @@ def percentile(values: Sequence[float] | np.ndarray, p: float) -> Percentile:
     return Percentile(p=float(p), value=nearest_rank(v, p), n=int(v.size), flagged=v.size < min_samples(p))
 
 
-def _rowwise_nearest_rank(rows: np.ndarray, p: float) -> np.ndarray:
-    """Nearest-rank P_p of every row, ignoring NaN padding (rows of different sample counts)."""
-    counts = np.count_nonzero(~np.isnan(rows), axis=1)
-    if np.any(counts == 0):
+def _rowwise_nearest_rank(rows: np.ndarray, p: float, empty_ok: bool = False) -> np.ndarray:
+    """Nearest-rank P_p along the last axis, ignoring NaN padding (rows of different sample
+    counts); a row of no samples is an error, or NaN with ``empty_ok``."""
+    counts = np.count_nonzero(~np.isnan(rows), axis=-1)
+    if not empty_ok and np.any(counts == 0):
         raise ValueError("percentile of no samples")
-    s = np.sort(rows, axis=1)  # NaN sorts last
+    s = np.sort(rows, axis=-1)  # NaN sorts last
     q = _check_p(p)
     # ceil(q·n/100) for integer n, in integers: exact for every p written with finitely many digits.
     num, den = q.numerator * counts, q.denominator * 100
     idx = np.maximum(-(-num // den), 1) - 1
-    return np.take_along_axis(s, idx[:, None], axis=1)[:, 0]
+    out = np.take_along_axis(s, idx[..., None], axis=-1)[..., 0]
+    return np.where(counts > 0, out, np.nan)
 
 
 def p_stat(p: float) -> RowStatistic:
@@ -157,7 +169,8 @@ def _replicates(table: np.ndarray, idx: np.ndarray) -> np.ndarray:
 def _interval(reps: np.ndarray, confidence: float) -> tuple[float, float]:
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    tail = (1 - confidence) / 2 * 100
+    # (1 − 0.95) / 2 · 100 is 2.500000000000002 in floats, which would take rank 51 of 2000, not 50
+    tail = (1 - Fraction(repr(float(confidence)))) / 2 * 100
     s = np.sort(reps)
     return float(s[nearest_rank_index(s.size, tail)]), float(s[nearest_rank_index(s.size, 100 - tail)])
 
@@ -192,105 +205,293 @@ def bootstrap_percentile(sessions: Sequence[Sequence[float] | np.ndarray], p: fl
     return bootstrap_sessions(sessions, p_stat(p), **kw)
 
 
-# ---- A/B -----------------------------------------------------------------------------------
+# ---- distributions (no SciPy: the GPU image and the CI box do without it) --------------------
+
+_NORMAL = NormalDist()
+_TINY = 1e-300
+_lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
 
 
-def ratio_of_medians(
-    baseline: Sequence[Sequence[float] | np.ndarray],
-    candidate: Sequence[Sequence[float] | np.ndarray],
-    *,
-    n_boot: int = DEFAULT_BOOT,
-    seed: int = DEFAULT_SEED,
-    confidence: float = DEFAULT_CONFIDENCE,
-    block_length: int | None = None,
-) -> Estimate:
-    """P50(candidate) / P50(baseline) over per-session steady intervals, arms resampled independently."""
-    tb, cb = _pad_sessions(baseline)
-    tc, cc = _pad_sessions(candidate)
-    med = p_stat(50)
-    point = float(med(tc.reshape(1, -1))[0] / med(tb.reshape(1, -1))[0])
-    rng = np.random.default_rng(seed)
-    rb = med(_replicates(tb, session_indices(len(tb), n_boot, rng, block_length)))
-    rc = med(_replicates(tc, session_indices(len(tc), n_boot, rng, block_length)))
-    low, high = _interval(rc / rb, confidence)
-    return Estimate(
-        point, low, high, confidence, n_boot, seed,
-        len(tb) + len(tc), int(cb.sum() + cc.sum()), bootstrap_method(block_length),
-    )
+def _beta_fraction(a: np.ndarray, b: np.ndarray, x: np.ndarray, terms: int = 300) -> np.ndarray:
+    """Continued fraction of the incomplete beta function (modified Lentz), elementwise; stops
+    once every element has converged (tens of terms where it is used)."""
+    c = np.ones_like(x)
+    d = 1 - (a + b) * x / (a + 1)
+    d = 1 / np.where(np.abs(d) < _TINY, _TINY, d)
+    h = d.copy()
+    for m in range(1, terms + 1):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1 + num * d
+            d = 1 / np.where(np.abs(d) < _TINY, _TINY, d)
+            c = 1 + num / c
+            c = np.where(np.abs(c) < _TINY, _TINY, c)
+            step = d * c
+            h = h * step
+        if np.all(np.abs(step - 1) < 1e-15):
+            break
+    return h
 
 
-def split_alternating(sessions: Sequence[Sequence[float]]) -> tuple[list, list]:
-    """Baseline sessions of rounds 0, 2, 4 … and 1, 3, 5 …: an A/A pair from one interleaved run."""
-    return list(sessions[0::2]), list(sessions[1::2])
+def betainc(a, b, x) -> np.ndarray:
+    """Regularised incomplete beta I_x(a, b), elementwise (a, b > 0, 0 ≤ x ≤ 1)."""
+    a, b, x = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (a, b, x)))
+    out = np.where(x >= 1, 1.0, 0.0)
+    inner = (x > 0) & (x < 1)
+    if not inner.any():
+        return out
+    a, b, x = a[inner], b[inner], x[inner]
+    # the fraction converges fast for x < (a+1)/(a+b+2); beyond it use I_x(a,b) = 1 − I_{1−x}(b,a)
+    flip = x >= (a + 1) / (a + b + 2)
+    aa, bb, xx = np.where(flip, b, a), np.where(flip, a, b), np.where(flip, 1 - x, x)
+    log_front = _lgamma(aa + bb) - _lgamma(aa) - _lgamma(bb) + aa * np.log(xx) + bb * np.log1p(-xx)
+    v = np.exp(log_front) * _beta_fraction(aa, bb, xx) / aa
+    out[inner] = np.where(flip, 1 - v, v)
+    return out
 
 
-VerdictName = Literal["faster", "slower", "no resolvable difference", "no verdict"]
+def t_two_sided_p(t, df) -> np.ndarray:
+    """P(|T| ≥ |t|) for Student's t with ``df`` degrees of freedom (df may be fractional: Welch)."""
+    t, df = np.broadcast_arrays(np.asarray(t, dtype=np.float64), np.asarray(df, dtype=np.float64))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = df / (df + t * t)
+    return betainc(df / 2, 0.5, np.where(np.isinf(t), 0.0, x))
+
+
+def t_quantile(p_two_sided, df) -> np.ndarray:
+    """q with P(|T| ≥ q) = p: bisection on x = df/(df + q²), in log space (p down to 1e-300)."""
+    p, df = np.broadcast_arrays(np.asarray(p_two_sided, dtype=np.float64), np.asarray(df, dtype=np.float64))
+    lo, hi = np.full(p.shape, -700.0), np.zeros(p.shape)  # log x
+    for _ in range(52):  # 700 / 2^52: exact to the last bits of a double
+        mid = (lo + hi) / 2
+        below = betainc(df / 2, 0.5, np.exp(mid)) < p
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    x = np.exp((lo + hi) / 2)
+    return np.sqrt(df * (1 - x) / x)
+
+
+@functools.lru_cache(maxsize=128)
+def spending_levels(looks: tuple[int, ...], alpha: float = 0.05) -> tuple[float, ...]:
+    """Nominal two-sided level of each look of a group-sequential design, so that the chance of
+    crossing at *any* look under no difference is ``alpha``.
+
+    ``looks`` are the launch counts per arm at each look, information growing in proportion. The
+    alpha is spent by the Lan–DeMets O'Brien–Fleming-type function α(t) = 2 − 2Φ(z_{α/2}/√t):
+    next to nothing at the first looks, nearly the whole α at the last. The crossing boundaries
+    come from the exact joint law of the looks (a Brownian motion observed at the look times),
+    integrated numerically on a grid; one look gives back ``alpha``.
+    """
+    if not looks or any(b <= a for a, b in zip(looks, looks[1:])) or looks[0] < 1:
+        raise ValueError(f"looks must be increasing positive launch counts, got {looks}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if len(looks) == 1:
+        return (alpha,)
+    z_half = _NORMAL.inv_cdf(1 - alpha / 2)
+    spent = [2 - 2 * _NORMAL.cdf(z_half / math.sqrt(n / looks[-1])) for n in looks]
+    grid = np.linspace(-10, 10, 1001)
+    h = grid[1] - grid[0]
+    phi = lambda z: np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+    dens, cont, levels, before = phi(grid), None, [], 0.0
+    for k, n in enumerate(looks):
+        if cont is not None:  # density of Z_k over the paths that crossed no earlier boundary
+            s0, s1, sd = math.sqrt(looks[k - 1]), math.sqrt(n), math.sqrt(n - looks[k - 1])
+            dens = (phi((grid[:, None] * s1 - grid[None, :] * s0) / sd) * (s1 / sd)) @ cont * h
+        upper = np.cumsum((dens * h)[::-1])[::-1] - dens * h / 2  # trapezoid: mass above each grid point
+        target = max(spent[k] - before, 0.0) / 2
+        # boundary c: the right tail beyond c holds half the alpha spent at this look
+        i = int(np.searchsorted(-upper, -target))  # first point whose upper mass ≤ target
+        c = float(grid[min(i, grid.size - 1)])
+        if 0 < i < grid.size:  # linear interpolation between grid points
+            m0, m1 = upper[i - 1], upper[i]
+            c = float(grid[i - 1] + h * (m0 - target) / (m0 - m1)) if m0 > m1 else c
+        levels.append(2 * (1 - _NORMAL.cdf(c)) if c < 8.2 else 2 * _NORMAL.pdf(c) / c)
+        before = spent[k]
+        cont = dens * np.clip((c - np.abs(grid)) / h + 0.5, 0, 1)
+    return tuple(levels)
+
+
+# ---- A/B: ratio of launch medians, its interval, the verdict ---------------------------------
+
+#: Launches each arm needs before any verdict: launch-to-launch variance cannot be estimated from one.
+MIN_LAUNCHES = 2
+DEFAULT_ALPHA = 0.05
+#: "equivalent" means the whole interval lies within 1 ± this
+DEFAULT_MARGIN = 0.02
+POWER = 0.8
+
+#: Rounds ``compare --until-resolved`` may take by default: at 5 % launch-to-launch noise (log
+#: sigma) a true 5 % shift is then found with ≥ 80 % power (tests/measure/test_verdict_calibration.py).
+DEFAULT_MAX_ROUNDS = 24
+
+Level = Literal["launch", "session"]
+
+
+def sequential_looks(max_rounds: int) -> tuple[int, ...]:
+    """A look after every round from the MIN_LAUNCHES-th to ``max_rounds``."""
+    if max_rounds < MIN_LAUNCHES:
+        raise ValueError(f"a sequential comparison needs ≥ {MIN_LAUNCHES} rounds, got {max_rounds}")
+    return tuple(range(MIN_LAUNCHES, max_rounds + 1))
+VerdictName = Literal["faster", "slower", "equivalent", "no resolvable difference", "no verdict"]
+
+
+def units(x: np.ndarray, level: Level = "launch") -> np.ndarray:
+    """Log nearest-rank medians of the units of an arm: ``x`` is (..., launches, sessions, samples),
+    NaN-padded. ``launch``: one value per launch (its sessions pooled), so what varies between
+    launches (placement, clocks, allocator state) is in the spread; ``session``: one per session,
+    as if sessions were independent — blind to launch variance, kept to show what that misses."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim < 3:
+        raise ValueError(f"units need (..., launches, sessions, samples), got shape {x.shape}")
+    if level == "launch":
+        rows = x.reshape(*x.shape[:-2], -1)
+    elif level == "session":
+        rows = x.reshape(*x.shape[:-3], -1, x.shape[-1])
+    else:
+        raise ValueError(f"unknown level {level!r}")
+    with np.errstate(divide="ignore"):
+        return np.log(_rowwise_nearest_rank(rows, 50, empty_ok=True))
+
+
+def pad_launches(launches: Sequence[Sequence[Sequence[float]]]) -> np.ndarray:
+    """Ragged launches → (launches, sessions, samples) with NaN padding."""
+    n_s = max((len(l) for l in launches), default=0)
+    n_x = max((len(s) for l in launches for s in l), default=0)
+    out = np.full((len(launches), max(n_s, 1), max(n_x, 1)), np.nan)
+    for i, l in enumerate(launches):
+        for j, s in enumerate(l):
+            out[i, j, : len(s)] = s
+    return out
+
+
+class Interval(msgspec.Struct, frozen=True):
+    """Ratio B/A = exp(mean log unit median of B − of A) and its interval at a nominal level."""
+
+    value: float
+    low: float
+    high: float
+    #: 1 − the nominal two-sided level of this look (0.95 for a single look at α = 0.05)
+    confidence: float
+    se_log: float
+    df: float
+    n_a: int
+    n_b: int
+    #: "launch" or "session" (see ``units``); "paired": A and B share each launch (ab-engine)
+    level: str
+    paired: bool = False
+
+
+def log_ratio(ua: np.ndarray, ub: np.ndarray, paired: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(point, se, df) of mean(ub) − mean(ua) over the last axis: Welch's t for independent
+    launches, the one-sample t of the differences when unit i of A and of B share a launch."""
+    na, nb = ua.shape[-1], ub.shape[-1]
+    if min(na, nb) < 2:
+        raise ValueError(f"an interval needs ≥ 2 units per arm, got {na} and {nb}")
+    if paired:
+        if na != nb:
+            raise ValueError(f"paired units need equal counts, got {na} and {nb}")
+        d = ub - ua
+        return d.mean(-1), d.std(-1, ddof=1) / math.sqrt(na), np.full(d.shape[:-1], na - 1.0)
+    va, vb = ua.var(-1, ddof=1) / na, ub.var(-1, ddof=1) / nb
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = (va + vb) ** 2 / (va * va / (na - 1) + vb * vb / (nb - 1))
+    df = np.where(np.isfinite(df), df, na + nb - 2.0)  # both spreads zero: any df, the interval is a point
+    return ub.mean(-1) - ua.mean(-1), np.sqrt(va + vb), df
+
+
+def classify(low: np.ndarray, high: np.ndarray, margin: float) -> np.ndarray:
+    """What a log interval shows, elementwise: 1 faster (wholly below 1), 2 slower (wholly above
+    1), 3 equivalent (wholly within 1 ± margin, bounds included), 0 not resolved. Only the whole
+    interval decides; its point never does."""
+    code = np.where(high < 0, 1, np.where(low > 0, 2, 0))
+    inside = (low >= math.log1p(-margin)) & (high <= math.log1p(margin))
+    return np.where((code == 0) & inside, 3, code)
+
+
+def decide(point: np.ndarray, se: np.ndarray, df: np.ndarray, level: float, margin: float
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(code, low, high): the log interval at two-sided ``level`` (Student's t) and ``classify``'s code."""
+    q = t_quantile(level, df)
+    low, high = point - q * se, point + q * se
+    return classify(low, high, margin), low, high
+
+
+_NAMES = {1: "faster", 2: "slower", 3: "equivalent", 0: "no resolvable difference"}
+
+
+def min_detectable(se_log: float, df: float, level: float, power: float = POWER) -> float:
+    """Relative shift (0.05 = 5 %) found with probability ``power`` at this spread and level."""
+    q = float(t_quantile(level, df))
+    return math.expm1((q + _NORMAL.inv_cdf(power)) * se_log)
+
+
+def one_launch_reason(n_a: int, n_b: int) -> str | None:
+    """The launch rule, for every command: None when both arms have ≥ MIN_LAUNCHES launches."""
+    if min(n_a, n_b) >= MIN_LAUNCHES:
+        return None
+    return (f"one launch: {n_a} baseline and {n_b} candidate launch(es); launch-to-launch variance "
+            f"needs ≥ {MIN_LAUNCHES} per arm")
 
 
 class Verdict(msgspec.Struct, frozen=True):
     verdict: VerdictName
     reason: str
-    ab: Estimate | None
-    aa: Estimate | None
-    #: Largest distance of the A/A interval from 1: a null comparison reaches this far by noise alone.
-    noise_floor: float | None
+    #: the launch-level interval the verdict read (None without ≥ 2 launches per arm)
+    ab: Interval | None
+    #: baseline against itself (even vs odd launches), the same interval: a diagnostic, not a floor
+    aa: Interval | None
     gate_passed: bool | None
+    #: shift detectable with 80 % power at this look's spread and level
+    mde: float | None = None
+    #: the session-level interval, for a single launch: describes it, decides nothing
+    within_launch: Interval | None = None
 
 
-def noise_floor(aa: Estimate) -> float:
-    return max(1.0 - aa.low, aa.high - 1.0, 0.0)
+def _ab_interval(ua: np.ndarray, ub: np.ndarray, level: float, paired: bool, kind: str, margin: float) -> tuple[Interval, int]:
+    point, se, df = log_ratio(ua, ub, paired)
+    code, low, high = decide(point, se, df, level, margin)
+    iv = Interval(math.exp(float(point)), math.exp(float(low)), math.exp(float(high)), 1 - level, float(se), float(df),
+                  ua.shape[-1], ub.shape[-1], kind, paired)
+    return iv, int(code)
 
 
-def ab_verdict(ab: Estimate | None, aa: Estimate | None, gate_passed: bool | None) -> Verdict:
-    """Faster / slower only when the whole A/B interval clears 1 by more than the A/A noise floor.
-
-    No verdict at all unless the candidate's numeric gate passed: a wrong answer delivered sooner
-    is not a speed-up. Without an A/A estimate the floor is taken as 0 and the reason says so.
-    """
-    floor = noise_floor(aa) if aa is not None else None
-    if gate_passed is not True:
-        why = "numeric gate failed" if gate_passed is False else "numeric gate not run"
-        return Verdict("no verdict", why, ab, aa, floor, gate_passed)
-    if ab is None:
-        return Verdict("no verdict", "no A/B estimate", ab, aa, floor, gate_passed)
-    f = floor or 0.0
-    notes = []
-    if aa is None:
-        notes.append("no A/A noise floor")
-    elif not aa.contains(1.0):
-        notes.append("A/A interval excludes 1: the two halves of the baseline differ (drift between launches or sessions)")
-    note = f" ({'; '.join(notes)})" if notes else ""
-    band = f"[{1 - f:.4f}, {1 + f:.4f}]"
-    ci = f"ratio {ab.value:.4f} [{ab.low:.4f}, {ab.high:.4f}]"
-    if ab.high < 1 - f:
-        return Verdict("faster", f"{ci} below noise band {band}{note}", ab, aa, floor, gate_passed)
-    if ab.low > 1 + f:
-        return Verdict("slower", f"{ci} above noise band {band}{note}", ab, aa, floor, gate_passed)
-    return Verdict("no resolvable difference", f"{ci} overlaps noise band {band}{note}", ab, aa, floor, gate_passed)
-
-
-#: Sessions each half of a baseline needs for an A/A interval: one session resamples to a single
-#: point, and a floor of zero width would let any A/B interval "clear" it.
-MIN_SESSIONS_PER_HALF = 2
-
-
-def compare_ab(
-    baseline: Sequence[Sequence[float]],
-    candidate: Sequence[Sequence[float]],
+def judge_ab(
+    baseline: Sequence[Sequence[Sequence[float]]],
+    candidate: Sequence[Sequence[Sequence[float]]],
     *,
     gate_passed: bool | None,
-    aa: Estimate | None = None,
-    n_boot: int = DEFAULT_BOOT,
-    seed: int = DEFAULT_SEED,
-    confidence: float = DEFAULT_CONFIDENCE,
-    block_length: int | None = None,
+    level: float = DEFAULT_ALPHA,
+    margin: float = DEFAULT_MARGIN,
+    paired: bool = False,
 ) -> Verdict:
-    """A/B ratio + verdict. Without ``aa``, the noise floor comes from splitting the baseline's
-    sessions alternately (needs ≥ 2 baseline sessions with samples)."""
-    kw = dict(n_boot=n_boot, seed=seed, confidence=confidence, block_length=block_length)
-    ab = ratio_of_medians(baseline, candidate, **kw)
-    if aa is None:
-        a1, a2 = split_alternating([s for s in baseline if len(s)])
-        if min(len(a1), len(a2)) >= MIN_SESSIONS_PER_HALF:
-            aa = ratio_of_medians(a1, a2, **kw)
-    return ab_verdict(ab, aa, gate_passed)
+    """The verdict of every command: ``baseline`` and ``candidate`` are launches → sessions →
+    samples. Needs the gate passed and ≥ MIN_LAUNCHES launches per arm; then the launch-level
+    interval at the look's nominal two-sided ``level`` (``spending_levels``; α for a single look)
+    decides. The A/A diagnostic (baseline's even vs odd launches) needs ≥ 4 baseline launches."""
+    xa, xb = pad_launches(baseline), pad_launches(candidate)
+    ua, ub = units(xa), units(xb)
+    keep_a, keep_b = np.isfinite(ua), np.isfinite(ub)
+    if paired:
+        keep_a = keep_b = keep_a & keep_b
+    ua, ub = ua[keep_a], ub[keep_b]
+    if gate_passed is not True:
+        why = "numeric gate failed" if gate_passed is False else "numeric gate not run"
+        return Verdict("no verdict", why, None, None, gate_passed)
+    short = one_launch_reason(ua.size, ub.size)
+    if short:
+        within = None
+        sa, sb = units(xa, "session"), units(xb, "session")
+        sa, sb = sa[np.isfinite(sa)], sb[np.isfinite(sb)]
+        if min(sa.size, sb.size) >= 2:
+            within = _ab_interval(sa, sb, DEFAULT_ALPHA, False, "session", margin)[0]
+        return Verdict("no verdict", short, None, None, gate_passed, within_launch=within)
+    ab, code = _ab_interval(ua, ub, level, paired, "launch", margin)
+    aa = None
+    if ua.size >= 2 * MIN_LAUNCHES:
+        aa = _ab_interval(ua[0::2], ua[1::2], DEFAULT_ALPHA, False, "launch", margin)[0]
+    name = _NAMES[code]
+    ci = f"ratio {ab.value:.4f} [{ab.low:.4f}, {ab.high:.4f}] ({100 * ab.confidence:.6g} % interval over {ab.n_a}+{ab.n_b} launches)"
+    why = {1: "below 1", 2: "above 1", 3: f"within 1 ± {margin:g}", 0: f"crosses 1 and reaches beyond 1 ± {margin:g}"}[code]
+    note = "" if aa is None or aa.low <= 1 <= aa.high else "; A/A interval excludes 1: the baseline's launches drift"
+    mde = min_detectable(ab.se_log, ab.df, level)
+    return Verdict(name, f"{ci} {why}{note}", ab, aa, gate_passed, mde)

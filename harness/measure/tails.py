@@ -4,8 +4,12 @@ intervals, and the slowest steady samples broken down by boundary and by stage.
 A slow interval is explained by comparing the chunk with the *typical* chunk of the same run:
 
 - per boundary B: the chunk's interval B(i) − B(i−1) against the median steady interval at B.
-  Walking the boundaries in data-flow order, the first one whose interval is already late by at
-  least half of the reference boundary's excess is where the delay entered (``first_late``).
+- where the delay entered (``first_late``): every boundary of chunk i measured from the previous
+  chunk's reference boundary, B(i) − R(i−1), against its steady median (``lateness``). Walking the
+  boundaries in data-flow order, the first one already late by at least half of the reference
+  excess is where the delay entered. Anchoring at R(i−1) rather than B(i−1) matters: when chunk
+  i−1 was slow, B(i) − B(i−1) at the boundaries upstream of i−1's delay inherits it (a closed-loop
+  driver submits chunk i late), though nothing in chunk i was slow there.
 - per stage: every segment of ``metrics.SEGMENTS`` of chunk i, plus ``gap`` = cpu_ready(i−1) →
   submit(i) (the driver's reaction, which no segment covers), against that stage's median over the
   steady chunks. ``grew`` is the stage with the largest excess: the one that made the sample slow.
@@ -55,6 +59,8 @@ class SlowSample(msgspec.Struct, frozen=True):
     stages: dict[str, Excess]
     grew: str | None
     first_late: str | None
+    #: B(i) − R(i−1) at every boundary, R = the reference boundary: what ``first_late`` reads
+    lateness: dict[str, Excess] = {}
 
 
 class TailPercentile(msgspec.Struct, frozen=True):
@@ -127,12 +133,20 @@ def grew(stages: dict[str, Excess]) -> str | None:
     return best
 
 
-def first_late(boundaries: dict[str, Excess], reference_excess_ms: float) -> str | None:
-    """Earliest boundary whose interval is late by ≥ LATE_FRACTION of the reference excess."""
+def since_reference(cur: ChunkEvent, prev: ChunkEvent, reference: str) -> dict[str, int]:
+    """B(i) − R(i−1) at every boundary chunk i recorded, in data-flow order (empty without R(i−1))."""
+    r = prev.at(reference)
+    if r is None:
+        return {}
+    return {b: cur.at(b) - r for b in BOUNDARIES if cur.at(b) is not None}
+
+
+def first_late(lateness: dict[str, Excess], reference_excess_ms: float) -> str | None:
+    """Earliest boundary late (``since_reference``) by ≥ LATE_FRACTION of the reference excess."""
     if reference_excess_ms <= 0:
         return None
     for b in BOUNDARIES:
-        x = boundaries.get(b)
+        x = lateness.get(b)
         if x is not None and x.excess_ms is not None and x.excess_ms >= LATE_FRACTION * reference_excess_ms:
             return b
     return None
@@ -167,6 +181,11 @@ def slowest_samples(
         b: _median(M.steady_intervals(events, b, window, sessions).ns().tolist()) for b in M.boundaries_seen(events)
     }
     ref_med = bound_med[reference]
+    late_acc: dict[str, list[int]] = {}
+    for cur, prev in pairs:
+        for b, v in (since_reference(cur, prev, reference) if prev is not None else {}).items():
+            late_acc.setdefault(b, []).append(v)
+    late_med = {b: _median(v) for b, v in late_acc.items()}
     ranked = sorted(sel.samples, key=lambda s: (-s.ns, s.epoch, s.session, s.chunk))[:k]
     out = []
     for rank, s in enumerate(ranked, 1):
@@ -174,13 +193,14 @@ def slowest_samples(
         cur, prev = chunks[s.chunk], chunks[s.chunk - 1]
         bounds = {b: _excess(v, bound_med.get(b)) for b, v in boundary_intervals(cur, prev).items()}
         stages = {n: _excess(v, stage_med.get(n)) for n, v in stage_times(cur, prev).items()}
+        late = {b: _excess(v, late_med.get(b)) for b, v in since_reference(cur, prev, reference).items()}
         excess_ms = _ms(s.ns - ref_med)
         out.append(SlowSample(
             rank=rank, session=s.session, epoch=s.epoch, chunk=s.chunk, boundary=reference,
             interval_ms=_ms(s.ns), median_ms=_ms(ref_med), excess_ms=excess_ms,
             boundaries=bounds, stages=dict(sorted(stages.items(), key=lambda kv: STAGES.index(kv[0]))),
             # a sample no slower than the median has nothing to explain
-            grew=grew(stages) if excess_ms > 0 else None, first_late=first_late(bounds, excess_ms),
+            grew=grew(stages) if excess_ms > 0 else None, first_late=first_late(late, excess_ms), lateness=late,
         ))
     return out
 
@@ -240,7 +260,8 @@ def tail_summary(
         culprits=culprit_counts(slow),
         definition=(
             f"slowest steady intervals at {reference}; per boundary B: B(i)-B(i-1) vs the median steady interval "
-            f"at B (first_late: first boundary late by >= {LATE_FRACTION:g} x the reference excess); per stage: "
+            f"at B; first_late: first boundary B whose B(i)-{reference}(i-1) is late by >= {LATE_FRACTION:g} x the reference "
+            f"excess; per stage: "
             f"each segment of chunk i and gap = cpu_ready(i-1) -> submit(i) vs that stage's steady median "
             f"(grew: largest excess); percentiles nearest-rank with session-bootstrap intervals"
         ),

@@ -30,15 +30,21 @@ def test_compare_h5a_runs_interleaved_rounds_and_writes_the_gate_and_table(h5a_c
     assert set(rows) == {"cpu_ready", "encoded", "delivered", "ttfc"}
     for r in rows.values():
         assert r["ab"]["n_sessions"] == 8  # 2 measured sessions per launch, 2 launches per arm
-        assert r["ab"]["low"] <= r["ab"]["value"] <= r["ab"]["high"]
-        assert r["aa"] is not None and r["noise_floor"] is not None  # A/A: baseline round 0 vs round 1
-        assert r["verdict"] in ("faster", "slower", "no resolvable difference")
+        assert r["ab"]["launches"] == [2, 2] and r["ab"]["confidence"] == pytest.approx(0.95)
+        assert r["ab"]["low"] <= r["ab"]["value"] <= r["ab"]["high"] and r["mde"] > 0
+        assert r["aa"] is None and r["noise_floor"] is None  # an A/A check needs ≥ 4 rounds; no floor any more
+        assert r["verdict"] in ("faster", "slower", "equivalent", "no resolvable difference")
     assert rows["cpu_ready"]["candidate_samples"] == 8  # 2 steady intervals (chunks 5-6) per session
     assert res["verdict"] == rows["cpu_ready"]["verdict"]
-    assert "odd rounds" in res["noise_floor_method"]
+    assert "each launch" in res["method"] and res["schema"] == 2
+    q = res["sequential"]  # --until-resolved --max-rounds 2: one look, at the full 5 %
+    assert q["looks"] == [2] and q["levels"] == [0.05] and q["rounds"] == 2 and res["rounds_requested"] == 2
+    assert q["outcome"] in ("faster after 2 rounds", "slower after 2 rounds", "equivalent after 2 rounds",
+                            "unresolved at the maximum of 2 rounds")
+    assert q["mde_before"] == pytest.approx(q["mde_after"]) and q["mde_after"] > 0  # the budget is the rounds run
     md = (out / "compare.md").read_text()
-    assert "| metric | baseline | candidate | ratio | 95 % interval |" in md
-    assert "pass (exact)" in md and "significant?" in md
+    assert "| metric | baseline | candidate | ratio | interval | launches |" in md
+    assert "pass (exact)" in md and "| 2+2 |" in md and "minimum detectable effect (80 % power)" in md
     for arm, sched in (("A", "case-d"), ("B", "case-e")):
         man = json.loads((out / f"round1-{arm}" / "manifest.json").read_text())
         assert man["scheduler"] == sched and man["protocol"]["name"] == "timing"
@@ -100,6 +106,8 @@ def test_compare_refuses_before_launching(tmp_path, capsys):
         "unknown candidate": ["--candidate", "H9"],
         "both the candidate and in the baseline": ["--candidate", "H5a", "--baseline", "H5a"],
         "--rounds must be": ["--candidate", "H5a", "--rounds", "0"],
+        "--max-rounds must be": ["--candidate", "H5a", "--until-resolved", "--max-rounds", "1"],
+        "--margin must be": ["--candidate", "H5a", "--margin", "0"],
         "not bit-identical across launches": ["--candidate", "H2a", "--mode", "compiled"],
     }
     for i, (msg, argv) in enumerate(cases.items()):
@@ -119,35 +127,71 @@ def test_exact_gates_need_a_repeatable_mode():
 
 
 def test_a_failed_gate_is_never_a_speed_claim():
-    base = [[[100, 101], [101, 100]], [[99, 100], [100, 99]]]
+    base = [[[100, 101], [101, 100]], [[99, 100], [100, 99]]]  # 2 launches × 2 sessions
     fast = [[[50, 51], [51, 50]], [[49, 50], [50, 49]]]
-    row = C.compare_metric("steady interval P50 @ cpu_ready", "cpu_ready", base, fast, False, {"n_boot": 200, "seed": 0})
+    row = C.compare_metric("steady interval P50 @ cpu_ready", "cpu_ready", base, fast, False)
     assert row.verdict == "no verdict" and row.significant is None and "gate failed" in row.reason
-    ok = C.compare_metric("steady interval P50 @ cpu_ready", "cpu_ready", base, fast, True, {"n_boot": 200, "seed": 0})
-    assert ok.verdict == "faster" and ok.significant is True and ok.ab.value == pytest.approx(0.5)
+    ok = C.compare_metric("steady interval P50 @ cpu_ready", "cpu_ready", base, fast, True)
+    assert ok.verdict == "faster" and ok.significant is True and ok.ab.value == pytest.approx(0.5, abs=0.005)
+    assert ok.ab.launches == (2, 2)
 
 
-def test_too_little_data_resolves_nothing():
-    one = [[[100, 101]]]
-    row = C.compare_metric("m", "cpu_ready", one, [[[50, 51]]], True, {"n_boot": 200, "seed": 0})
-    assert row.verdict == "no resolvable difference" and "too few sessions" in row.reason
-    empty = C.compare_metric("m", "cpu_ready", one, [[[]]], True, {"n_boot": 200, "seed": 0})
+def test_one_launch_per_arm_is_no_verdict():
+    one = [[[100, 101], [102, 100]]]
+    row = C.compare_metric("m", "cpu_ready", one, [[[50, 51], [52, 50]]], True)
+    assert row.verdict == "no verdict" and row.reason.startswith("one launch") and row.ab is None
+    assert row.within_launch is not None and row.within_launch.high < 1  # described, not judged
+    empty = C.compare_metric("m", "cpu_ready", one, [[[]]], True)
     assert empty.verdict == "no verdict" and empty.ab is None and "no candidate samples" in empty.reason
 
 
-def test_aa_halves_and_gate_kind():
-    rounds = [[[1], [2]], [[3]], [[4], []], [[5]]]
-    x, y, how = C.aa_halves(rounds)
-    assert how == "rounds" and x == [[1], [2], [4]] and y == [[3], [5]]
-    x, y, how = C.aa_halves([[[1], [2], [3], [4]]])
-    assert how == "sessions" and x == [[1], [3]] and y == [[2], [4]]
-    # a half of one session bootstraps to a point: no floor rather than a zero-width one
-    assert C.aa_halves([[[1], [2], [3]]]) is None and C.aa_halves([[[1]], [[2]]]) is None
-    assert C.aa_halves([[[1]]]) is None
+def test_gate_kind():
     assert C.gate_kind(["exact"]) == "exact"
     assert C.gate_kind(["exact", "threshold"]) == "threshold"
     assert C.gate_kind(["serving"]) == "serving"
     assert C.gate_kind(["serving", "exact"]) == "exact"
+
+
+def test_plan_levels_and_the_budget_mde():
+    fixed, seq = C.Plan(3), C.Plan(5, sequential=True)
+    assert fixed.looks == (3,) and fixed.level(3) == pytest.approx(0.05, abs=1e-4)
+    assert seq.looks == (2, 3, 4, 5) and seq.level(2) < seq.level(5) < 0.05
+    row = C.compare_metric("m", "cpu_ready", [[[100, 101]], [[99, 100]]], [[[90, 91]], [[92, 90]]], True, seq.level(2))
+    before = seq.mde_for_budget(row, 2)
+    assert 0 < before < row.mde  # five rounds resolve less than two do
+
+
+def test_until_resolved_stops_at_the_first_decisive_look(monkeypatch, tmp_path):
+    """The loop alone: launches and judgement stand in, verdicts scripted look by look."""
+    script = iter(["no resolvable difference", "no resolvable difference", "faster"])
+    launched = []
+    ratio = C.Ratio(0.9, 0.8, 0.95, 8, 32, (2, 2), 0.99, 2.0)
+
+    def fake_round(cfg, out, r, arms, *a):
+        launched.append(r)
+        return {arm: C.RunMeta(r, arm, str(out / f"round{r}-{arm}"), {}, {}) for arm, _ in arms}
+
+    def fake_analyze(ra, rb, *, rounds_requested, plan, **kw):
+        assert plan.sequential and len(ra) == len(rb)
+        v = next(script) if "sequential" not in kw else "faster"
+        row = C.Row("steady interval P50 @ cpu_ready", "cpu_ready", 1.0, 1.0, ratio, None, None, None, v, "r", 1, 1, 0.05)
+        return C.CompareResult(2, ["H5a"], [], rounds_requested, len(rb), "", {}, [], None, "", "cpu_ready", v, "r",
+                               [row], {}, kw.get("stopped_early"), {}, kw.get("sequential"))
+
+    monkeypatch.setattr(C, "_launch_round", fake_round)
+    monkeypatch.setattr(C, "check_comparable", lambda a, b: ["H5a"])
+    monkeypatch.setattr(C, "run_gate", lambda a, b, c: C.GateRecord("exact", "pass", "ok", "eager"))
+    monkeypatch.setattr(C, "analyze", fake_analyze)
+    monkeypatch.setattr(C, "refuse_unrepeatable_exact", lambda *a: None)
+    from harness.config import load_preset
+
+    res = C.run_compare(load_preset("tiny"), [], ["H5a"], out=tmp_path / "c", until_resolved=True, max_rounds=6,
+                        log=lambda s: None)
+    assert launched == [0, 1, 2, 3]  # looks after rounds 2, 3, 4: decisive at the third
+    q = res.sequential
+    assert q["outcome"] == "faster after 4 rounds" and q["looks"] == [2, 3, 4, 5, 6] and q["rounds"] == 4
+    assert q["mde_before"] is not None and q["mde_after"] == 0.05
+    assert res.stopped_early == "resolved after 4 rounds: faster"
 
 
 def test_compare_records_its_setting_and_verdicts_reads_it(h5a_compare):
@@ -166,20 +210,22 @@ def test_compare_records_its_setting_and_verdicts_reads_it(h5a_compare):
     assert f"{tiny.model.num_layers} layers" in v.setting and "2 rounds × 2 measured sessions per launch" in v.setting
 
 
-def test_compare_prints_the_gate_once_and_calls_a_wide_noise_band_uninformative():
+def test_compare_prints_the_gate_once():
     from types import SimpleNamespace as NS
 
     from harness.experiments import compare as C
 
-    gate = NS(kind="exact", status="pass", verdict="pass: 28 files and 21 hash records identical")
-    row = NS(metric="steady interval P50 @ cpu_ready", baseline_ms=633.0, candidate_ms=594.4, reason="",
-             ab=NS(value=0.939, low=0.555, high=1.183), verdict="no resolvable difference",
-             aa=NS(low=0.0625, high=1.9375), noise_floor=0.9375)
-    lines = C.summary_lines(NS(gate=gate, rows=[row], reference="cpu_ready", verdict="no resolvable difference"))
-    assert lines[0] == "gate (exact): pass: 28 files and 21 hash records identical"
-    assert "A/A noise band [0.0625, 1.9375] is uninformative" in lines[2]
-    tight = NS(**{**vars(row), "aa": NS(low=0.97, high=1.03), "noise_floor": 0.03})
-    lines = C.summary_lines(NS(gate=gate, rows=[tight], reference="cpu_ready", verdict="no resolvable difference"))
-    assert "uninformative" not in "\n".join(lines) and "[0.9700, 1.0300]" in lines[2]
+    assert C.gate_line(NS(kind="exact", status="pass", verdict="pass: 28 files and 21 hash records identical")) == \
+        "gate (exact): pass: 28 files and 21 hash records identical"
     assert C.gate_line(NS(kind="threshold", status="fail", verdict="2 of 40 files differ")) == \
         "gate (threshold): fail: 2 of 40 files differ"
+
+
+def test_cli_defaults_are_the_documented_budget():
+    from harness.cli import build_parser
+    from harness.experiments.engine_ab import DEFAULT_LAUNCHES
+    from harness.measure import stats as S
+
+    a = build_parser().parse_args(["compare", "--candidate", "H5a"])
+    assert (a.max_rounds, a.margin, a.until_resolved) == (S.DEFAULT_MAX_ROUNDS, S.DEFAULT_MARGIN, False)
+    assert build_parser().parse_args(["ab-engine", "--candidate", "H2a"]).launches == DEFAULT_LAUNCHES

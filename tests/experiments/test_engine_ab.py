@@ -1,5 +1,5 @@
-"""``ab-engine``: a DiT-engine candidate A/B'd inside one engine (tiny preset, CPU/gloo), gate
-first, then the steady-chunk ratio against an A/A floor; pipeline candidates are refused."""
+"""``ab-engine``: a DiT-engine candidate A/B'd inside one engine per launch (tiny preset, CPU/gloo),
+gate first, then the paired launch-level ratio; one launch is no verdict; pipeline candidates are refused."""
 
 from __future__ import annotations
 
@@ -14,29 +14,35 @@ from harness.experiments import engine_ab as E
 
 def test_h2a_over_two_sp_ranks_passes_its_exact_gate(tmp_path):
     out = tmp_path / "ab.json"
-    assert main(["ab-engine", "--candidate", "H2a", "--sp", "2", "--pairs", "2", "--chunks", "7", "--json", str(out)]) == 0
+    assert main(["ab-engine", "--candidate", "H2a", "--sp", "2", "--pairs", "2", "--chunks", "7", "--launches", "2",
+                 "--json", str(out)]) == 0
     res = json.loads(out.read_text())
-    assert res["order"] == "A B B A" and res["sp"] == 2
-    assert res["gate"] == {"kind": "exact", "passed": True, "compared": 14, "failed": []}
-    assert [len(s) for s in res["chunk_ms"]["A"] + res["chunk_ms"]["B"]] == [7] * 4
-    # two pairs give no A/A floor, so nothing is claimed either way
-    assert res["verdict"] == "no resolvable difference" and "A/A" in res["reason"]
-    assert res["ratio"]["low"] <= res["ratio"]["value"] <= res["ratio"]["high"]
+    assert res["order"] == "A B B A" and res["sp"] == 2 and res["launches"] == 2
+    assert res["gate"] == {"kind": "exact", "passed": True, "compared": 28, "failed": []}
+    assert [len(s) for launch in res["chunk_ms"] for s in launch["A"] + launch["B"]] == [7] * 8
+    r = res["ratio"]
+    assert r["level"] == "launch" and r["paired"] and (r["n_a"], r["n_b"]) == (2, 2) and r["df"] == 1
+    assert r["low"] <= r["value"] <= r["high"] and res["mde"] > 0
+    assert res["verdict"] in ("faster", "slower", "equivalent", "no resolvable difference")
 
 
 def test_h1a_switches_the_kv_path_and_passes_the_threshold_gate(tmp_path):
     out = tmp_path / "ab.json"
-    assert main(["ab-engine", "--candidate", "H1a", "--sp", "1", "--pairs", "1", "--chunks", "7", "--json", str(out)]) == 0
-    g = json.loads(out.read_text())["gate"]
+    assert main(["ab-engine", "--candidate", "H1a", "--sp", "1", "--pairs", "1", "--chunks", "7", "--launches", "1",
+                 "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    g = res["gate"]
     assert g["kind"] == "threshold" and g["passed"] and g["compared"] == 7
     assert g["worst_rel_l2"] < 1e-4  # the paged path reads the same K/V, summed in another order
+    assert res["verdict"] == "no verdict" and res["reason"].startswith("one launch") and res["ratio"] is None
 
 
 @pytest.mark.parametrize("argv, why", [
     (["--candidate", "H5a"], "changes runtime.scheduler, not just the DiT engine: use compare"),
     (["--candidate", "H3a"], "changes the VAE: use compare"),
     (["--candidate", "H2a", "--chunks", "5"], "need more than 5 chunks"),
-    (["--candidate", "H2a", "--pairs", "0"], "--pairs and --chunks must be"),
+    (["--candidate", "H2a", "--pairs", "0"], "--pairs, --launches and --chunks must be"),
+    (["--candidate", "H2a", "--launches", "0"], "--pairs, --launches and --chunks must be"),
     ([], "needs --candidate"),
     (["--candidate", "H1a", "--set", "runtime.kv_path=paged"], "changes nothing in this config"),
 ])
@@ -55,8 +61,13 @@ def test_gate_and_judgement():
     assert not E.gate_pairs("threshold", [[a]], [[np.float32([1, 2.5]).tobytes()]], (2,))["passed"]
     assert E.arm_order(3) == ["A", "B", "B", "A", "A", "B"]
     rng = np.random.default_rng(0)
-    base = [list(100 + rng.normal(0, 0.5, 8)) for _ in range(4)]
-    fast = [list(60 + rng.normal(0, 0.5, 8)) for _ in range(4)]
-    j = E.judge(base, fast, steady=5, gate_passed=True)
-    assert j["verdict"] == "faster" and j["ratio"]["high"] < 1 and j["aa"] is not None
-    assert E.judge(base, base, steady=5, gate_passed=True)["verdict"] == "no resolvable difference"
+    launch = lambda mu, shift: {"A": [list(100 * shift + rng.normal(0, 0.5, 8)) for _ in range(2)],  # noqa: E731
+                                "B": [list(mu * shift + rng.normal(0, 0.5, 8)) for _ in range(2)]}
+    # each launch shifts both arms alike (±10 %): paired over launches that cancels, and 3 % shows
+    fast = [launch(97, s) for s in (1.0, 1.1, 0.9)]
+    j = E.judge(fast, steady=5, gate_passed=True)
+    assert j["verdict"] == "faster" and j["ratio"]["high"] < 1 and j["ratio"]["paired"] and j["launches"] == 3
+    assert E.judge([launch(100, s) for s in (1.0, 1.1, 0.9)], steady=5, gate_passed=True)["verdict"] != "faster"
+    one = E.judge(fast[:1], steady=5, gate_passed=True)
+    w = one["within_launch"]
+    assert one["verdict"] == "no verdict" and one["ratio"] is None and w["low"] <= w["value"] <= w["high"] and w["value"] < 1

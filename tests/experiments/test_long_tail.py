@@ -36,6 +36,25 @@ def test_slowest_samples_name_the_stage_that_grew_and_where_the_delay_entered(ev
     assert tails.culprit_counts(slow) == {"dit": 1, "decode": 1, "gap": 1}
 
 
+def test_first_late_ignores_a_delay_inherited_from_the_previous_chunk(event_tables):
+    # Closed loop: chunk 5's slow decode makes chunk 6 submitted 50 ms late, so chunk 6's intervals
+    # B(6) − B(5) up to decode_start carry +50 ms that chunk 6 did not cause; its own delay is the DiT.
+    events, starts = event_tables.table({2: {5: {"decode": 50}, 6: {"dit": 30}}})
+    s = {(x.epoch, x.chunk): x for x in tails.slowest_samples(events, starts, reference="cpu_ready", k=2)}[(2, 6)]
+    assert s.excess_ms == pytest.approx(30) and s.grew == "dit"
+    assert s.boundaries["submit"].excess_ms == pytest.approx(50)  # inherited
+    assert s.lateness["submit"].excess_ms == pytest.approx(0) and s.lateness["dit_end"].excess_ms == pytest.approx(30)
+    assert s.first_late == "dit_end"
+
+
+def test_first_late_threshold_is_inclusive():
+    x = lambda ms: tails.Excess(ms, 0.0, ms)
+    late = {"submit": x(4.0), "dit_end": x(5.0), "cpu_ready": x(10.0)}
+    assert tails.first_late(late, 10.0) == "dit_end"  # exactly LATE_FRACTION of the excess counts as late
+    assert tails.first_late({"submit": x(4.0), "cpu_ready": x(10.0)}, 10.0) == "cpu_ready"
+    assert tails.first_late(late, 0.0) is None
+
+
 def test_an_encode_stall_is_invisible_at_cpu_ready_but_named_at_delivered(event_tables):
     events, starts = event_tables.table({2: {6: {"encode": 40}}})
     at_cpu = tails.slowest_samples(events, starts, reference="cpu_ready", k=1)

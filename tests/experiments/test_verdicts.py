@@ -38,13 +38,28 @@ def test_a_compare_verdict_is_its_reference_row_as_judged():
     assert not V.from_compare(_compare("fail", "no verdict"), "c.json").gate_passed
 
 
+#: ab-engine with launches (schema 2): a paired launch-level interval
+AB3 = {**{k: v for k, v in AB.items() if k != "noise_floor"}, "launches": 3, "noise_floor": None, "mde": 0.0123,
+       "ratio": {"value": 0.8967, "low": 0.89, "high": 0.9, "level": "launch", "paired": True, "n_a": 3, "n_b": 3}}
+
+
 def test_an_ab_engine_verdict_keeps_its_gate_and_setting():
-    v = V.from_ab_engine(AB, "ab.json")
-    assert (v.candidate, v.method, v.verdict) == ("H2a", "ab-engine", "faster")
+    v = V.from_ab_engine(AB3, "ab.json")
+    assert (v.candidate, v.method, v.verdict, v.launches) == ("H2a", "ab-engine", "faster", 3)
     assert v.gate == "exact pass (28 chunks)" and v.ratio == 0.8967 and v.baseline_ms == 2319.0
-    assert v.setting == "compiled, 40 layers, SP=2, 4 pairs × 7 chunks"
+    assert v.setting == "compiled, 40 layers, SP=2, 3 launch(es) × 4 pairs × 7 chunks"
     line = V.table([v]).splitlines()[2]
-    assert "| 0.8967 | [0.8940, 0.8984] | ±0.0035 | **faster** |" in line
+    assert "| 0.8967 | [0.8900, 0.9000] (launch-level t) | 3 | — | 1.23 % | **faster** |" in line
+
+
+def test_one_launch_is_no_verdict_whatever_was_recorded():
+    # an ab-engine JSON from before --launches: one process, so one launch
+    v = V.from_ab_engine(AB, "ab.json")
+    assert v.launches == 1 and v.verdict == "no verdict: one launch (recorded: faster)"
+    assert "| 0.8967 | [0.8940, 0.8984] (session bootstrap) | 1 | ±0.0035 | — | **no verdict: one launch" in V.table([v])
+    one_round = {**_compare(), "rounds_run": 1}
+    assert V.from_compare(one_round, "c.json").verdict == "no verdict: one launch (recorded: slower)"
+    assert V.from_compare(_compare(), "c.json").interval == "session bootstrap"  # schema 1: launch variance missing
 
 
 def test_vae_placement():
@@ -67,7 +82,7 @@ def test_bad_results_are_one_line_errors(tmp_path, capsys):
         assert msg in err and err.count("\n") == 1
     out = tmp_path / "v.json"
     assert main(["verdicts", str(tmp_path / "ab.json"), "--json", str(out)]) == 0
-    assert json.loads(out.read_text())[0]["verdict"] == "faster"
+    assert json.loads(out.read_text())[0]["verdict"] == "no verdict: one launch (recorded: faster)"
     assert main(["verdicts", str(tmp_path / "ab.json"), "--json", str(tmp_path / "no" / "such" / "v.json")]) == 2
     assert "cannot write" in capsys.readouterr().err
 
@@ -93,4 +108,4 @@ def test_a_failed_gate_shows_no_figures_it_does_not_have():
               "verdict": "no verdict"}
     v = V.from_ab_engine(failed, "ab.json")
     assert not v.gate_passed and v.ratio is None and v.verdict == "no verdict"
-    assert "| — | — | — | — | — | **no verdict** |" in V.table([v])
+    assert "| — | — | — | 1 | — | — | **no verdict** |" in V.table([v])

@@ -186,3 +186,13 @@ def test_duplicate_chunk_is_an_error(tables):
 def test_unknown_boundary(tables):
     with pytest.raises(KeyError):
         M.steady_intervals([], "delivery")
+
+
+def test_interval_fps_uses_the_delivered_chunks_own_frames(tables):
+    # Chunks of different frame counts: interval i delivered chunk i's frames, not chunk i−1's.
+    events, start = tables.session(1, 1)
+    events = [msgspec.structs.replace(e, frames=8 + e.chunk) for e in events]
+    sel = M.steady_intervals(events, "delivered", sessions=[start])
+    assert [s.frames for s in sel.samples] == [13, 14, 15, 16]
+    assert M.fps_values(sel.samples).tolist() == pytest.approx([130.0, 140.0, 150.0, 160.0])
+    assert M.steady_fps(sel.samples) == pytest.approx(58 / 0.4)

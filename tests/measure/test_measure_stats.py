@@ -1,3 +1,6 @@
+import math
+import statistics
+
 import numpy as np
 import pytest
 
@@ -118,48 +121,126 @@ def test_session_bootstrap_covers_true_median_with_correlated_sessions():
     assert naive < cov and naive < 0.90, (naive, cov)
 
 
-def test_ratio_of_medians():
-    rng = np.random.default_rng(5)
-    base = [rng.normal(100, 2, size=4) for _ in range(10)]
-    cand = [rng.normal(80, 2, size=4) for _ in range(10)]
-    e = S.ratio_of_medians(base, cand, n_boot=500, seed=1)
-    med = lambda s: S.nearest_rank(np.concatenate(s), 50)
-    assert e.value == med(cand) / med(base)
-    assert e.low < 0.8 < e.high and e.high < 0.9
-    assert e.n_sessions == 20 and e.n_samples == 80
-    assert e == S.ratio_of_medians(base, cand, n_boot=500, seed=1)
+def test_interval_ranks_are_exact():
+    # (1 − 0.95) / 2 · 100 is 2.500000000000002 in floats: rank 51 of 2000 instead of 50.
+    ordinal = lambda rows: np.arange(rows.shape[0], dtype=np.float64)  # replicate r has value r
+    e = S.bootstrap_sessions([[1.0], [2.0]], ordinal, n_boot=2000)
+    assert (e.low, e.high) == (49.0, 1949.0)  # ranks 50 and 1950: the 2.5th and 97.5th percentiles
+    e = S.bootstrap_sessions([[1.0], [2.0]], ordinal, n_boot=2000, confidence=0.9)
+    assert (e.low, e.high) == (99.0, 1899.0)
 
 
-def _est(value, low, high):
-    return S.Estimate(value, low, high, 0.95, 1000, 0, 10, 40, "session")
+# ---- the launch-level verdict ------------------------------------------------------------------
 
 
-def test_verdict_logic():
-    aa = _est(1.0, 0.98, 1.03)  # noise floor 0.03
-    assert S.noise_floor(aa) == pytest.approx(0.03)
-    assert S.ab_verdict(_est(0.9, 0.88, 0.92), aa, True).verdict == "faster"
-    assert S.ab_verdict(_est(1.1, 1.08, 1.12), aa, True).verdict == "slower"
-    # Clears 1 but not the noise band.
-    assert S.ab_verdict(_est(0.98, 0.975, 0.985), aa, True).verdict == "no resolvable difference"
-    assert S.ab_verdict(_est(1.0, 0.95, 1.05), aa, True).verdict == "no resolvable difference"
-    # Without an A/A estimate the floor is 0, and the reason says so.
-    v = S.ab_verdict(_est(0.98, 0.975, 0.985), None, True)
-    assert v.verdict == "faster" and "no A/A noise floor" in v.reason
-    # No verdict unless the gate passed.
-    for g in (False, None):
-        v = S.ab_verdict(_est(0.5, 0.4, 0.6), aa, g)
-        assert v.verdict == "no verdict" and "gate" in v.reason
-    drift = S.ab_verdict(_est(0.5, 0.4, 0.6), _est(1.05, 1.02, 1.08), True)
-    assert drift.verdict == "faster" and "excludes 1" in drift.reason
+def test_t_distribution_against_tabulated_values():
+    q = S.t_quantile([0.05, 0.05, 0.05, 0.01, 0.05], [1, 2, 10, 5, 1e7])
+    assert q == pytest.approx([12.7062, 4.3027, 2.2281, 4.0321, 1.9600], abs=1e-4)
+    assert S.t_two_sided_p([12.7062, 2.2281, 0.0], [1, 10, 3]) == pytest.approx([0.05, 0.05, 1.0], abs=1e-5)
+    assert S.t_two_sided_p(np.inf, 4) == 0.0
 
 
-def test_compare_ab_end_to_end():
-    rng = np.random.default_rng(6)
-    make = lambda mu: [mu + rng.normal(0, 1) + rng.normal(0, 1, size=4) for _ in range(12)]
-    base, fast, same = make(100), make(85), make(100)
-    assert S.compare_ab(base, fast, gate_passed=True, n_boot=500).verdict == "faster"
-    assert S.compare_ab(fast, base, gate_passed=True, n_boot=500).verdict == "slower"
-    v = S.compare_ab(base, same, gate_passed=True, n_boot=500)
-    assert v.verdict == "no resolvable difference" and v.aa is not None
-    assert S.compare_ab(base, fast, gate_passed=False, n_boot=500).verdict == "no verdict"
-    assert S.split_alternating([1, 2, 3, 4, 5]) == ([1, 3, 5], [2, 4])
+def test_spending_levels_keep_the_overall_false_rate_at_alpha():
+    assert S.spending_levels((7,)) == (0.05,)
+    looks = S.sequential_looks(10)
+    levels = S.spending_levels(looks)
+    assert looks == tuple(range(2, 11)) and all(a < b for a, b in zip(levels, levels[1:]))
+    nd = statistics.NormalDist()
+    c = np.array([nd.inv_cdf(1 - lv / 2) for lv in levels])
+    assert c[0] == pytest.approx(nd.inv_cdf(0.975) / math.sqrt(2 / 10), abs=2e-3)  # first look spends α(t₁) alone
+    # Brownian motion observed at the looks: the chance of crossing any boundary is α.
+    rng = np.random.default_rng(3)
+    w = np.cumsum(rng.normal(size=(200_000, 10)), axis=1)
+    z = (w / np.sqrt(np.arange(1, 11)))[:, 1:]
+    crossed = np.mean((np.abs(z) >= c).any(axis=1))
+    assert crossed == pytest.approx(0.05, abs=0.003)
+    with pytest.raises(ValueError):
+        S.sequential_looks(1)
+
+
+def test_classify_reads_the_whole_interval_with_strict_and_inclusive_bounds():
+    lo, hi = math.log1p(-0.25), math.log1p(0.25)  # margin 0.25
+    cases = [
+        ((-0.3, -0.1), 1), ((0.1, 0.3), 2),
+        ((-0.3, 0.0), 0), ((0.0, 0.3), 0),  # touching 1 is not clearing it
+        ((-0.3, np.nextafter(0.0, -1)), 1), ((np.nextafter(0.0, 1), 0.3), 2),
+        ((-0.3, 0.01), 0),  # mostly below, point below 1, but the interval crosses 1 and the margin
+        ((lo, hi), 3), ((-0.01, 0.01), 3),  # within the margin, bounds included
+        ((np.nextafter(lo, -1), 0.01), 0), ((-0.01, np.nextafter(hi, 1)), 0),
+    ]
+    codes = S.classify(np.array([c[0][0] for c in cases]), np.array([c[0][1] for c in cases]), 0.25)
+    assert codes.tolist() == [c[1] for c in cases]
+    # decide: a point far from 1 with a wide interval is not a verdict
+    code, low, high = S.decide(np.array([-0.2]), np.array([0.1]), np.array([3.0]), 0.05, 0.02)
+    assert code.tolist() == [0] and low[0] < -0.2 < 0 < high[0]
+
+
+def test_units_pool_a_launch_or_split_it_into_sessions():
+    x = np.array([[[1.0, 2.0, 3.0], [10.0, 20.0, np.nan]], [[5.0, 5.0, 5.0], [7.0, np.nan, np.nan]]])
+    assert np.exp(S.units(x, "launch")).tolist() == pytest.approx([3.0, 5.0])  # nearest-rank median of 5 and of 4
+    assert np.exp(S.units(x, "session")).tolist() == pytest.approx([2.0, 10.0, 5.0, 7.0])
+    with pytest.raises(ValueError):
+        S.units(x, "round")
+
+
+def test_log_ratio_welch_and_paired():
+    ua, ub = np.log([100.0, 102.0, 98.0]), np.log([90.0, 91.0, 89.5, 90.5])
+    point, se, df = S.log_ratio(ua, ub)
+    va, vb = ua.var(ddof=1) / 3, ub.var(ddof=1) / 4
+    assert point == pytest.approx(ub.mean() - ua.mean()) and se == pytest.approx(math.sqrt(va + vb))
+    assert df == pytest.approx((va + vb) ** 2 / (va**2 / 2 + vb**2 / 3))
+    point, se, df = S.log_ratio(ua, ua + np.array([0.1, 0.12, 0.08]), paired=True)
+    assert (point, df) == pytest.approx((0.1, 2.0)) and se == pytest.approx(0.02 / math.sqrt(3))
+    with pytest.raises(ValueError):
+        S.log_ratio(ua[:1], ub)
+
+
+def _launches(rng, mu, n, sessions=3, chunks=4, launch_sigma=0.01):
+    return [[list(mu * np.exp(rng.normal(0, launch_sigma) + rng.normal(0, 0.01, chunks))) for _ in range(sessions)]
+            for _ in range(n)]
+
+
+def test_judge_ab_needs_two_launches_and_a_passed_gate():
+    rng = np.random.default_rng(7)
+    base, fast = _launches(rng, 100, 1), _launches(rng, 60, 1)
+    v = S.judge_ab(base, fast, gate_passed=True)
+    assert v.verdict == "no verdict" and v.reason.startswith("one launch") and v.ab is None
+    assert v.within_launch.level == "session" and v.within_launch.high < 1  # described, not judged
+    for n_a, n_b in ((1, 3), (3, 1)):  # either arm short of launches
+        assert S.one_launch_reason(n_a, n_b).startswith("one launch")
+        one_side = S.judge_ab(_launches(rng, 100, n_a), _launches(rng, 60, n_b), gate_passed=True)
+        assert one_side.verdict == "no verdict" and one_side.ab is None
+    assert S.one_launch_reason(2, 2) is None
+    for gate in (False, None):
+        assert S.judge_ab(_launches(rng, 100, 3), _launches(rng, 60, 3), gate_passed=gate).verdict == "no verdict"
+
+
+def test_judge_ab_verdicts():
+    rng = np.random.default_rng(8)
+    base = _launches(rng, 100, 4)
+    v = S.judge_ab(base, _launches(rng, 80, 4), gate_passed=True)
+    assert v.verdict == "faster" and v.ab.high < 1 and (v.ab.n_a, v.ab.n_b) == (4, 4) and v.ab.level == "launch"
+    assert v.aa is not None and v.aa.n_a == v.aa.n_b == 2  # even vs odd baseline launches
+    assert 0 < v.mde < 0.2
+    assert S.judge_ab(_launches(rng, 120, 4), base, gate_passed=True).verdict == "faster"
+    assert S.judge_ab(base, _launches(rng, 120, 3), gate_passed=True).verdict == "slower"
+    same = S.judge_ab(base, _launches(rng, 100, 4, launch_sigma=0.002), gate_passed=True, margin=0.1)
+    assert same.verdict == "equivalent" and 0.9 <= same.ab.low and same.ab.high <= 1.1
+    assert S.judge_ab(base, _launches(rng, 100, 4), gate_passed=True, margin=0.001).verdict == "no resolvable difference"
+    # paired: A and B of each launch share the launch's shift, which cancels in the ratio
+    a = _launches(rng, 100, 3, launch_sigma=0.2)
+    b = [[[x * 0.97 for x in s] for s in launch] for launch in a]
+    assert S.judge_ab(a, b, gate_passed=True, paired=True).verdict == "faster"
+    assert S.judge_ab(a, b, gate_passed=True).verdict != "faster"  # unpaired, the launch spread swamps 3 %
+
+
+def test_the_vectorised_path_is_the_scalar_verdict():
+    # The calibration test runs units / log_ratio / decide on arrays; judge_ab must agree.
+    rng = np.random.default_rng(9)
+    for mu in (100, 97, 90):
+        base, cand = _launches(rng, 100, 3, launch_sigma=0.03), _launches(rng, mu, 3, launch_sigma=0.03)
+        v = S.judge_ab(base, cand, gate_passed=True, level=0.01)
+        code, low, high = S.decide(*S.log_ratio(S.units(S.pad_launches(base)), S.units(S.pad_launches(cand))), 0.01,
+                                   S.DEFAULT_MARGIN)
+        assert v.verdict == {0: "no resolvable difference", 1: "faster", 2: "slower", 3: "equivalent"}[int(code)]
+        assert (v.ab.low, v.ab.high) == pytest.approx((math.exp(low), math.exp(high)))
