@@ -137,16 +137,22 @@ def timed_session(eng, device: torch.device, actions: list[str], *, prompt: str,
     return times
 
 
-def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, sessions: int = 1) -> dict:
+def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, sessions: int = 1,
+              candidates: tuple[str, ...] = (), kernels: bool = False) -> dict:
     """Chunk times of the first measured session; device memory and host RSS after every session
     ends (flat over many sessions means nothing leaks per session). Compiled modes first run an
-    unmeasured session of 3 chunks: compilation in the first, CUDA-graph recording in the second."""
+    unmeasured session of 3 chunks: compilation in the first, CUDA-graph recording in the second.
+    ``candidates``' DiT patches are applied before anything runs; ``kernels`` adds one chunk to
+    the first measured session, profiled (``kernel_profile``) and left out of its times."""
+    from harness import candidates as C
     from harness.drivers.procwatch import rss_bytes
 
     eng, device = dit_engine_for(group, cfg)
+    C.apply_candidates(list(candidates), dit=eng)
 
-    def session(n: int, seed: int) -> list[float]:
-        return timed_session(eng, device, ["W"] * cfg.video.frames_per_chunk, prompt="bench", seed=seed, chunks=n)
+    def session(n: int, seed: int, on_latent=None) -> list[float]:
+        return timed_session(eng, device, ["W"] * cfg.video.frames_per_chunk, prompt="bench", seed=seed, chunks=n,
+                             on_latent=on_latent)
 
     out: dict = {}
     if cfg.runtime.mode != "eager":
@@ -155,7 +161,14 @@ def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, sessions: int =
         out["warmup_s"] = time.perf_counter() - t0
     mem = []
     for i in range(sessions):
-        times = session(chunks, seed=i)
+        prof = None
+        if kernels and i == 0 and device.type == "cuda":
+            from harness.experiments.kernel_profile import ProfileChunk
+
+            prof = ProfileChunk(skip=chunks)
+        times = session(chunks + (prof is not None), seed=i, on_latent=prof)
+        if prof is not None:
+            out["kernels"], times = prof.result, times[:chunks]
         if i == 0:
             out["chunk_ms"] = times
         _sync(device)
@@ -210,12 +223,15 @@ def memory_growth(samples: list[dict]) -> dict:
 
 
 def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float | None = None,
-              sessions: int = 1) -> dict:
+              sessions: int = 1, candidates: tuple[str, ...] = (), kernels: bool = False, vae: bool = True) -> dict:
+    """``cfg`` already carries the candidates' configuration part (``candidates.configure``)."""
     steady = steady_chunk_index(cfg)
     chunks = chunks or cfg.video.chunks_per_session
     backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
-    dit = run_ranks(_dit_rank, cfg.parallel.sp, cfg, chunks, sessions, backend=backend, timeout_s=3600)[0]
-    vae = run_ranks(_vae_rank, cfg.parallel.vae_ranks, cfg, min(chunks, 4), backend=backend, timeout_s=3600)[0]
+    dit = run_ranks(_dit_rank, cfg.parallel.sp, cfg, chunks, sessions, tuple(candidates), kernels,
+                    backend=backend, timeout_s=3600)[0]
+    vae = (run_ranks(_vae_rank, cfg.parallel.vae_ranks, cfg, min(chunks, 4), backend=backend, timeout_s=3600)[0]
+           if vae else {"decode_ms": [float("nan")]})
     flops = count_steady_flops(cfg)
     steady_ms = dit["chunk_ms"][steady:] if len(dit["chunk_ms"]) > steady else dit["chunk_ms"][-1:]
     dit_ms = statistics.median(steady_ms)
@@ -234,6 +250,7 @@ def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float 
         "dit_tflops_per_s": flops["dit_flops"] / (dit_ms / 1e3) / 1e12,
         "vae_tflops_per_s": flops["vae_conv_flops"] / (vae_ms / 1e3) / 1e12,
         "peak_mem_gib": {"dit": dit.get("peak_mem_gib"), "vae": vae.get("peak_mem_gib")},
+        "candidates": list(candidates), "dit_kernels": dit.get("kernels"),
     }
     if cfg.runtime.device == "cuda":
         dev = torch.device("cuda:0")
@@ -252,10 +269,16 @@ def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float 
 
 def _print(res: dict) -> None:
     print(f"bench-engine {res['preset']} on {res['device']}: SP={res['sp']} VAE ranks={res['vae_ranks']} "
+          + (f"candidates={'+'.join(res['candidates'])} " if res.get("candidates") else "")
+          + 
           f"dtype={res['dtype']} mode={res['mode']} layers={res['layers']} attention={res['attention']} kv={res['kv_path']}")
     print("  DiT per chunk (ms): " + " ".join(f"{t:.1f}" for t in res["dit_chunk_ms"]))
     print(f"  DiT steady chunk {res['dit_steady_chunk_ms']:.2f} ms, per forward {res['dit_forward_ms']:.2f} ms, "
           f"{res['dit_tflops_per_s']:.3f} TFLOP/s" + (f", MFU {res['dit_mfu']:.1%}" if "dit_mfu" in res else ""))
+    if res.get("dit_kernels"):
+        from harness.measure.kernels import render
+
+        print("  DiT steady chunk " + render(res["dit_kernels"]))
     print(f"  VAE steady decode {res['vae_steady_decode_ms']:.2f} ms, {res['vae_tflops_per_s']:.3f} TFLOP/s"
           + (f", MFU {res['vae_mfu']:.1%} (TF32)" if "vae_mfu" in res else ""))
     if res["steady_flatness_9_vs_6"] is not None:
@@ -277,8 +300,12 @@ def _print(res: dict) -> None:
 def main(args) -> int:
     from harness.cli import base_config
 
+    from harness import candidates as C
+
     cfg = override(base_config(args), parallel={"sp": args.sp, "vae_ranks": args.vae_ranks},
                    runtime={"device": args.device, "mode": args.mode})
+    specs = tuple(getattr(args, "candidate", None) or ())
+    cfg = C.configure(specs, cfg)  # refuses unknown, conflicting or unavailable candidates first
     for name in ("chunks", "sessions"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise HarnessError(f"--{name} must be ≥ 1")
@@ -287,7 +314,8 @@ def main(args) -> int:
         return 0
     if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
         raise HarnessError("--device cuda but no CUDA device is visible (use --device cpu or --flops-only)")
-    res = run_bench(cfg, args.chunks, args.peak_tflops, args.sessions)
+    res = run_bench(cfg, args.chunks, args.peak_tflops, args.sessions, specs, bool(getattr(args, "kernels", False)),
+                    vae=not getattr(args, "no_vae", False))
     _print(res)
     if args.json:
         with open(args.json, "w") as f:
