@@ -40,20 +40,15 @@ def emulate_fp8_attention(q, k, v, parts: str, smoothed: bool = False, heads_per
     """(1, H, S, D) → (1, H, Sq, D) fp32: attention with e4m3 rounding of ``parts`` ⊆ "qkvp"."""
     import torch
 
-    from harness.engine.fa3 import FP8, quantize_heads, smooth
+    from harness.engine.fa3 import FP8, quantize_heads
 
-    def rt(x, part):  # round-trip one of q, k, v (token-major) through e4m3 with per-head scales
-        if part not in parts:
-            return x.float()
-        x8, s = quantize_heads(x)
-        return x8.float() * s[None, :, None]
+    def rt(x, part, shift=False):  # one of q, k, v (token-major) through e4m3, per-head scales
+        if part not in parts:  # the shifts are exact: they matter only where e4m3 rounds
+            return x.float(), None
+        x8, s, m = quantize_heads(x, smoothed and shift)
+        return x8.float() * s[None, :, None], m
 
-    qs, ks, vs = (x[0].transpose(0, 1) for x in (q, k, v))
-    vm = None
-    if smoothed:
-        ks, _ = smooth(ks)
-        vs, vm = smooth(vs)
-    qs, ks, vs = rt(qs, "q"), rt(ks, "k"), rt(vs, "v")
+    (qs, _), (ks, _), (vs, vm) = (rt(x[0].transpose(0, 1), n, n != "q") for x, n in ((q, "q"), (k, "k"), (v, "v")))
     scale = q.shape[-1] ** -0.5
     out = torch.empty(q.shape[1], q.shape[2], q.shape[3], dtype=torch.float32, device=q.device)
     for h0 in range(0, q.shape[1], heads_per_step):  # bounds the fp32 score matrix

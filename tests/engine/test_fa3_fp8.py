@@ -70,8 +70,8 @@ def test_fp8_candidates_conflicts_and_configuration(monkeypatch):
 def test_head_scale_maps_each_heads_amax_to_e4m3_max():
     x = torch.randn(64, 3, 16)
     x[:, 1] *= 1000.0
-    x8, s = fa3.quantize_heads(x)
-    assert x8.dtype == torch.float8_e4m3fn and s.shape == (3,)
+    x8, s, m = fa3.quantize_heads(x)
+    assert x8.dtype == torch.float8_e4m3fn and s.shape == (3,) and m is None
     amax8 = x8.float().abs().amax(dim=(0, 2))
     torch.testing.assert_close(amax8, torch.full((3,), fa3.FP8_MAX))
     back = x8.float() * s[None, :, None]
@@ -80,11 +80,23 @@ def test_head_scale_maps_each_heads_amax_to_e4m3_max():
     assert torch.isfinite(fa3.quantize_heads(torch.zeros(4, 2, 16))[1]).all()
 
 
+def test_smoothed_quantisation_scales_the_shifted_range():
+    x = torch.randn(200, 2, 16) * 0.1 + torch.linspace(-5, 5, 16)  # channel offsets dwarf the spread
+    x8, s, m = fa3.quantize_heads(x, smoothed=True)
+    torch.testing.assert_close(m, x.mean(0))
+    shifted = x - m
+    torch.testing.assert_close(x8.float().abs().amax(dim=(0, 2)), torch.full((2,), fa3.FP8_MAX))
+    assert float(((x8.float() * s[None, :, None] - shifted).norm() / shifted.norm())) < 0.05
+    plain8, ps, _ = fa3.quantize_heads(x)
+    # unshifted, the offsets set the scale: the spread around them is rounded far more coarsely
+    err_plain = float((plain8.float() * ps[None, :, None] - x).norm())
+    assert err_plain > 3 * float((x8.float() * s[None, :, None] - shifted).norm())
+
+
 def test_mean_shifts_are_exact_in_exact_arithmetic():
-    q, k, v = _qkv(k_offset=3.0, v_offset=-2.0)
-    ks, _ = fa3.smooth(k[0].transpose(0, 1).double())
-    vs, vm = fa3.smooth(v[0].transpose(0, 1).double())
-    out = _ref(q, ks.transpose(0, 1).unsqueeze(0), vs.transpose(0, 1).unsqueeze(0)) + vm[None, :, None, :]
+    q, k, v = (x.double() for x in _qkv(k_offset=3.0, v_offset=-2.0))
+    km, vm = k.mean(dim=2, keepdim=True), v.mean(dim=2, keepdim=True)  # per (head, channel) over tokens
+    out = _ref(q, k - km, v - vm) + vm
     torch.testing.assert_close(out, _ref(q, k, v), rtol=1e-10, atol=1e-10)
 
 
