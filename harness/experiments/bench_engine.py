@@ -231,11 +231,11 @@ def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float 
     dit = run_ranks(_dit_rank, cfg.parallel.sp, cfg, chunks, sessions, tuple(candidates), kernels,
                     backend=backend, timeout_s=3600)[0]
     vae = (run_ranks(_vae_rank, cfg.parallel.vae_ranks, cfg, min(chunks, 4), backend=backend, timeout_s=3600)[0]
-           if vae else {"decode_ms": [float("nan")]})
+           if vae else None)
     flops = count_steady_flops(cfg)
     steady_ms = dit["chunk_ms"][steady:] if len(dit["chunk_ms"]) > steady else dit["chunk_ms"][-1:]
     dit_ms = statistics.median(steady_ms)
-    vae_ms = statistics.median(vae["decode_ms"][1:] or vae["decode_ms"])
+    vae_ms = statistics.median(vae["decode_ms"][1:] or vae["decode_ms"]) if vae else None
     res = {
         "preset": cfg.name, "device": cfg.runtime.device, "sp": cfg.parallel.sp, "vae_ranks": cfg.parallel.vae_ranks,
         "mode": cfg.runtime.mode, "layers": cfg.model.num_layers, "compile": dit["compile"],
@@ -246,10 +246,10 @@ def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float 
         "dtype": cfg.runtime.dtype, "attention": dit["attention"], "kv_path": cfg.runtime.kv_path,
         "dit_chunk_ms": dit["chunk_ms"], "dit_kv_tokens": dit["kv_tokens"], "dit_steady_chunk_ms": dit_ms,
         "dit_forward_ms": dit_ms / (len(cfg.schedule.timesteps) + 1),
-        "vae_decode_ms": vae["decode_ms"], "vae_steady_decode_ms": vae_ms, "flops": flops,
+        "vae_decode_ms": vae["decode_ms"] if vae else None, "vae_steady_decode_ms": vae_ms, "flops": flops,
         "dit_tflops_per_s": flops["dit_flops"] / (dit_ms / 1e3) / 1e12,
-        "vae_tflops_per_s": flops["vae_conv_flops"] / (vae_ms / 1e3) / 1e12,
-        "peak_mem_gib": {"dit": dit.get("peak_mem_gib"), "vae": vae.get("peak_mem_gib")},
+        "vae_tflops_per_s": flops["vae_conv_flops"] / (vae_ms / 1e3) / 1e12 if vae else None,
+        "peak_mem_gib": {"dit": dit.get("peak_mem_gib"), "vae": vae.get("peak_mem_gib") if vae else None},
         "candidates": list(candidates), "dit_kernels": dit.get("kernels"),
     }
     if cfg.runtime.device == "cuda":
@@ -260,7 +260,8 @@ def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float 
         res["peak_bf16_tflops"], res["peak_tf32_tflops"] = bf16, tf32
         # per-GPU MFU: the DiT's FLOPs are spread over sp GPUs, the VAE's over vae_ranks GPUs
         res["dit_mfu"] = res["dit_tflops_per_s"] / (bf16 * cfg.parallel.sp)
-        res["vae_mfu"] = res["vae_tflops_per_s"] / (tf32 * cfg.parallel.vae_ranks)
+        if vae:
+            res["vae_mfu"] = res["vae_tflops_per_s"] / (tf32 * cfg.parallel.vae_ranks)
     elif peak_tflops:
         res["peak_tflops"] = peak_tflops
         res["dit_mfu"] = res["dit_tflops_per_s"] / (peak_tflops * cfg.parallel.sp)
@@ -279,8 +280,11 @@ def _print(res: dict) -> None:
         from harness.measure.kernels import render
 
         print("  DiT steady chunk " + render(res["dit_kernels"]))
-    print(f"  VAE steady decode {res['vae_steady_decode_ms']:.2f} ms, {res['vae_tflops_per_s']:.3f} TFLOP/s"
-          + (f", MFU {res['vae_mfu']:.1%} (TF32)" if "vae_mfu" in res else ""))
+    if res["vae_steady_decode_ms"] is None:
+        print("  VAE not run (--no-vae)")
+    else:
+        print(f"  VAE steady decode {res['vae_steady_decode_ms']:.2f} ms, {res['vae_tflops_per_s']:.3f} TFLOP/s"
+              + (f", MFU {res['vae_mfu']:.1%} (TF32)" if "vae_mfu" in res else ""))
     if res["steady_flatness_9_vs_6"] is not None:
         print(f"  chunk 9 / chunk 6: {res['steady_flatness_9_vs_6']:.4f}")
     c = res["compile"]
