@@ -59,7 +59,7 @@ def test_fp8_linear_refuses_dims_not_multiple_of_16():
         Fp8Linear(nn.Linear(100, 64))
 
 
-def _latents(eng, n=3):
+def _latents(eng, n=2):
     s = eng.start_session(SessionConditions(prompt="h6a", seed=5))
     out = [eng.generate_chunk(s, ["W", "", "D"]).clone() for _ in range(n)]
     eng.end_session(s)
