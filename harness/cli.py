@@ -227,6 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--json", help="also write the result to this JSON file")
     ab.set_defaults(fn=_lazy("harness.experiments.engine_ab", "main"))
 
+    aa = sub.add_parser("ab-arms", help="several DiT-engine candidates, each judged like ab-engine against one shared "
+                        "baseline in one engine (SP = 1)")
+    _add_ab_arms_options(aa)
+    aa.set_defaults(fn=_lazy("harness.experiments.ab_arms", "main"))
+
     gt = sub.add_parser("gate", help="numeric gate between two runs' saved outputs (exit 0 only on pass)")
     gt.add_argument("run_a")
     gt.add_argument("run_b")
@@ -278,6 +283,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_arguments(ry)
     ry.set_defaults(fn=_lazy("harness.experiments.replay", "main"))
     return p
+
+
+def _add_ab_arms_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--arm", action="append", default=[], metavar="NAME=ID[+ID…]",
+                   help="an arm: its name and a '+'-joined candidate list, e.g. both=H6a+H1b:fa3 (repeatable)")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--config")
+    p.add_argument("--device", choices=["cpu", "cuda"])
+    p.add_argument("--mode", choices=["eager", "compiled", "deterministic"])
+    p.add_argument("--rounds", type=int, default=4, help="one session of the baseline and of every arm per round (default 4)")
+    p.add_argument("--chunks", type=int, help="chunks per session (default: the preset's session length)")
+    p.add_argument("--kernels", action="store_true", help="per-kernel breakdown of one extra, untimed steady chunk per arm (GPU)")
+    add_set_option(p)
+    p.add_argument("--json", help="also write the result to this JSON file")
 
 
 def _lazy(module: str, attr: str):

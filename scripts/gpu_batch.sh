@@ -65,7 +65,7 @@ for s in $STEPS; do
     mps-off)  echo quit | nvidia-cuda-mps-control; echo "mps-off rc=$?" | tee -a "$SCRATCH/steps.txt" ;;
     replay)   step replay-480 python3 -m harness replay --synthetic lingbot-480x832 --device cuda --sp "${REPLAY_SP:-1,2}" --kv "${REPLAY_KV:-4680,14040,28080}" --repeats 10 --warmup 2 --out "$SCRATCH/replay-480" ;;
     fa3tests) step fa3-tests python3 -m pytest -q -s -p no:cacheprovider tests/engine/test_fa3_cuda.py ;;
-    arms)     need ARMS && step ab-arms-$RES python3 -m harness.experiments.ab_arms --preset lingbot-$RES --device cuda --mode "${MODE:-compiled}" \
+    arms)     need ARMS && step ab-arms-$RES $H ab-arms --preset lingbot-$RES --device cuda --mode "${MODE:-compiled}" \
                 $(for a in $ARMS; do printf -- '--arm %s ' "$a"; done) --rounds "${ROUNDS:-4}" --chunks "${CHUNKS:-7}" --kernels --json "$SCRATCH/ab-arms-$RES.json" ;;
     replayfa3) step replay-fa3 python3 -m harness replay --synthetic lingbot-$RES --device cuda --sp 1 --kv "${REPLAY_KV:-28080}" \
                 --backends "${REPLAY_BACKENDS:-sdpa-cudnn,fa3,fa3-fp8,fa3-fp8-smooth,emu-fp8-v,emu-fp8-qk,emu-fp8-p,emu-fp8-qkvp,emu-fp8-v-smooth,emu-fp8-qkvp-smooth}" \

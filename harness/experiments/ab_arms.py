@@ -1,13 +1,14 @@
 """Several DiT-engine candidates, each A/B'd against one shared baseline inside one engine.
 
-    python -m harness.experiments.ab_arms --preset lingbot-480x832 --device cuda --mode compiled \\
+    python -m harness ab-arms --preset lingbot-480x832 --device cuda --mode compiled \\
         --arm fa3=H1b:fa3 --arm h6a=H6a --arm h6c=H6c [--rounds 4] [--chunks 7] [--kernels] [--json F]
 
 ``ab-engine`` judges one candidate per launch; at full size each launch pays the model's
 initialisation and a compilation warm-up per arm, several minutes before the first measured
 chunk. Here the engine is built and the baseline compiled once, and every arm (a '+'-joined
 candidate list, e.g. ``H6a+H1b:fa3``) is one more engine state: its runtime switches and DiT
-patches applied for its sessions and reverted after, exactly as ``ab-engine`` does for its B arm.
+patches applied for its sessions and reverted after, by the same ``engine_ab.EngineArm`` that
+``ab-engine`` uses for its arms.
 
 Round r runs one session of the baseline (A) and of every arm, all with seed r, in an order
 rotated by r (a slow drift of the machine weighs on every arm alike). Each arm is then judged
@@ -19,9 +20,9 @@ a per-kernel breakdown and left out of the times and the gate.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -32,7 +33,8 @@ from harness.errors import HarnessError
 from harness.experiments.bench_engine import (count_steady_flops, dit_engine_for, measure_peak_tflops,
                                               steady_chunk_index, timed_session)
 from harness.experiments.compare import gate_kind
-from harness.experiments.engine_ab import engine_switches, gate_pairs, judge
+from harness.experiments.engine_ab import (EngineArm, engine_switches, gate_pairs, judge, latent_bytes,
+                                           session_actions)
 from harness.measure import stats as S
 
 
@@ -58,40 +60,16 @@ def round_order(names: list[str], r: int) -> list[str]:
     return names[k:] + names[:k]
 
 
-class _Arm:
-    """An arm's engine state: switches set and DiT patches applied for its sessions."""
-
-    def __init__(self, eng, cfg: HarnessConfig, specs: list[str]):
-        self.eng, self.specs = eng, specs
-        self.switches = engine_switches(specs, cfg) if specs else {}
-        self.patches = [(c.patch_dit, arg) for c, arg in C.resolve(specs, cfg) if c.patch_dit is not None]
-
-    def __enter__(self):
-        self.base = {k: getattr(self.eng, k) for k in self.switches}
-        for k, v in self.switches.items():
-            setattr(self.eng, k, v)
-        self.reverts = [patch(self.eng, arg) for patch, arg in self.patches]
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for r in reversed(self.reverts):
-            r()
-        for k, v in self.base.items():
-            setattr(self.eng, k, v)
-
-
 def run(cfg: HarnessConfig, arms: dict[str, list[str]], rounds: int, chunks: int, kernels: bool = False) -> dict:
     """One engine on one device (SP = 1: ``ab-engine`` covers SP > 1, one candidate per launch)."""
     cfg = override(cfg, parallel={"sp": 1})
     steady = steady_chunk_index(cfg)
     if chunks <= steady:
         raise HarnessError(f"--chunks {chunks}: sessions need more than {steady} chunks for a steady chunk")
-    for specs in arms.values():  # every arm refused before the engine is built
-        engine_switches(specs, cfg)
+    switches = {n: engine_switches(s, cfg) for n, s in arms.items()}  # every arm refused before the engine is built
     eng, device = dit_engine_for(RankGroup.single(), cfg)
-    state = {"A": _Arm(eng, cfg, [])} | {n: _Arm(eng, cfg, s) for n, s in arms.items()}
-    actions = (["W", "", "D"] * cfg.video.frames_per_chunk)[: cfg.video.frames_per_chunk]
-    keep = lambda lat: lambda x: lat.append(x.float().cpu().numpy().tobytes())  # noqa: E731
+    state = {"A": EngineArm(eng, cfg, [], {})} | {n: EngineArm(eng, cfg, s, switches[n]) for n, s in arms.items()}
+    actions = session_actions(cfg)
 
     def session(name: str, seed: int, n: int, on_latent=None) -> list[float]:
         with state[name]:
@@ -101,41 +79,49 @@ def run(cfg: HarnessConfig, arms: dict[str, list[str]], rounds: int, chunks: int
     if cfg.runtime.mode != "eager":  # compilation and CUDA-graph recording of every arm's graphs
         for name in state:
             warm[name] = session(name, 10_000, min(3, chunks))
-    times = {n: [] for n in state}
-    lats = {n: [] for n in state}
-    order, profiles = [], {}
-    names = list(state)
+    times, lats, profiles, order = {n: [] for n in state}, {n: [] for n in state}, {}, []
     for r in range(rounds):
-        for name in round_order(names, r):
+        for name in round_order(list(state), r):
             order.append(name)
             lat: list[bytes] = []
-            prof = None
-            if kernels and r == rounds - 1 and device.type == "cuda":
-                from harness.experiments.kernel_profile import ProfileChunk
+            prof = _profiler(chunks) if kernels and r == rounds - 1 and device.type == "cuda" else None
 
-                prof = ProfileChunk(skip=chunks)
-            cb = keep(lat) if prof is None else (lambda x, k=keep(lat), p=prof: (k(x), p(x)))
-            t = session(name, r, chunks + (prof is not None), cb)
+            def on_latent(x, lat=lat, prof=prof) -> None:
+                lat.append(latent_bytes(x))
+                if prof is not None:
+                    prof(x)
+
+            t = session(name, r, chunks + (prof is not None), on_latent)
             if prof is not None:
                 profiles[name] = prof.result
             times[name].append(t[:chunks])
             lats[name].append(lat[:chunks])
             # a killed run still leaves every finished session's times in its log
             print(f"round {r} {name}: " + " ".join(f"{x:.1f}" for x in t[:chunks]), flush=True)
-    shape = (16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)
-    out = {"preset": cfg.name, "mode": cfg.runtime.mode, "layers": cfg.model.num_layers, "rounds": rounds,
+    out = {"preset": cfg.name, "mode": cfg.runtime.mode, "sp": 1, "layers": cfg.model.num_layers, "rounds": rounds,
            "chunks": chunks, "steady_from_chunk": steady, "order": " ".join(order), "warmup_chunk_ms": warm,
-           "compile": eng.compile_stats(), "chunk_ms": times, "kernels": profiles, "arms": {}}
-    for name, specs in arms.items():
-        kind = gate_kind([c.gate for c, _ in C.resolve(specs, cfg)])
-        gate = gate_pairs(kind, lats["A"], lats[name], shape)
-        res = {"candidates": specs, "switches": state[name].switches, "gate": gate}
-        if gate["passed"]:
-            res.update(judge(times["A"], times[name], steady, True))
-        else:
-            res.update(verdict="no verdict", reason=f"{kind} gate failed: {', '.join(gate['failed'][:3])}")
-        out["arms"][name] = res
+           "compile": eng.compile_stats(), "chunk_ms": times, "kernels": profiles}
+    shape = (16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)
+    out["arms"] = {name: {"candidates": specs, "switches": switches[name],
+                          **_judge_arm(cfg, specs, lats["A"], lats[name], times["A"], times[name], steady, shape)}
+                   for name, specs in arms.items()}
     return out
+
+
+def _profiler(chunks: int):
+    """A per-kernel profile of one extra chunk past the timed ones (dropped from times and gate)."""
+    from harness.experiments.kernel_profile import ProfileChunk
+
+    return ProfileChunk(skip=chunks)
+
+
+def _judge_arm(cfg: HarnessConfig, specs: list[str], lat_a, lat_b, times_a, times_b, steady: int, shape) -> dict:
+    """``ab-engine``'s judgement of one arm against the baseline: its gate, then (passed) the ratio."""
+    kind = gate_kind([c.gate for c, _ in C.resolve(specs, cfg)])
+    gate = gate_pairs(kind, lat_a, lat_b, shape)
+    if not gate["passed"]:
+        return {"gate": gate, "verdict": "no verdict", "reason": f"{kind} gate failed: {', '.join(gate['failed'][:3])}"}
+    return {"gate": gate, **judge(times_a, times_b, steady, True)}
 
 
 def add_rates(out: dict, cfg: HarnessConfig, device: torch.device) -> None:
@@ -152,7 +138,7 @@ def add_rates(out: dict, cfg: HarnessConfig, device: torch.device) -> None:
 
 
 def _print(out: dict) -> None:
-    print(f"ab-arms on {out['preset']} ({out['mode']}, {out['layers']} layers), {out['rounds']} rounds × "
+    print(f"ab-arms on {out['preset']} ({out['mode']}, SP=1, {out['layers']} layers), {out['rounds']} rounds × "
           f"{out['chunks']} chunks, order {out['order']}")
     for name, a in out["arms"].items():
         g = a["gate"]
@@ -173,32 +159,22 @@ def _print(out: dict) -> None:
             print(f"  {name}: {render(b)}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    from harness.cli import add_set_option, base_config
+def main(args) -> int:
+    """``python -m harness ab-arms``: every option checked, every arm resolved, before the engine is built."""
+    from harness.cli import base_config
 
-    p = argparse.ArgumentParser(prog="python -m harness.experiments.ab_arms", description=__doc__.splitlines()[0])
-    p.add_argument("--arm", action="append", default=[], metavar="NAME=ID[+ID…]")
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--config")
-    p.add_argument("--device", choices=["cpu", "cuda"])
-    p.add_argument("--mode", choices=["eager", "compiled", "deterministic"])
-    p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--chunks", type=int)
-    p.add_argument("--kernels", action="store_true")
-    add_set_option(p)
-    p.add_argument("--json")
-    args = p.parse_args(argv)
-    try:
-        arms = parse_arms(args.arm)
-        if args.rounds < 1 or (args.chunks is not None and args.chunks < 1):
-            raise HarnessError("--rounds and --chunks must be ≥ 1")
-        cfg = override(base_config(args), parallel={"sp": 1}, runtime={"device": args.device, "mode": args.mode})
-        if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
-            raise HarnessError("--device cuda but no CUDA device is visible")
-        out = run(cfg, arms, args.rounds, args.chunks or cfg.video.chunks_per_session, args.kernels)
-    except HarnessError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    arms = parse_arms(args.arm)
+    if args.rounds < 1 or (args.chunks is not None and args.chunks < 1):
+        raise HarnessError("--rounds and --chunks must be ≥ 1")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise HarnessError(f"--json {args.json}: its folder does not exist")
+    base = base_config(args)
+    if any(s.partition("=")[0].strip() == "parallel.sp" for s in args.set) and base.parallel.sp != 1:
+        raise HarnessError("ab-arms runs one engine on one device (SP = 1): use ab-engine --sp N for SP > 1")
+    cfg = override(base, parallel={"sp": 1}, runtime={"device": args.device, "mode": args.mode})
+    if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
+        raise HarnessError("--device cuda but no CUDA device is visible")
+    out = run(cfg, arms, args.rounds, args.chunks or cfg.video.chunks_per_session, args.kernels)
     add_rates(out, cfg, torch.device("cuda:0" if cfg.runtime.device == "cuda" else "cpu"))
     _print(out)
     if args.json:
@@ -206,7 +182,3 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(out, f, indent=2)
     sys.stdout.flush()
     return 0 if all(a["gate"]["passed"] for a in out["arms"].values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

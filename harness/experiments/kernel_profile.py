@@ -1,6 +1,6 @@
 """Profile one call on the GPU and break its kernel time down (``measure.kernels``).
 
-Used by ``bench-engine --kernels`` and the multi-arm A/B (``ab_arms``): one extra chunk past the
+Used by ``bench-engine --kernels`` and the multi-arm A/B (``ab-arms``): one extra chunk past the
 timed ones under ``torch.profiler`` (CUDA activity only; kernels inside CUDA-graph replays are
 reported too). The profiled chunk's wall time carries the profiler's overhead, so callers drop it.
 """
