@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--flops-only", action="store_true", help="count FLOPs on the meta device and print one JSON line")
     be.add_argument("--json", help="also write the result to this JSON file")
     be.add_argument("--candidate", action="append", default=[], metavar="ID",
-                    help="apply a candidate (its configuration and DiT patch) before measuring (repeatable)")
+                    help="apply a DiT-engine candidate (its configuration and DiT patch) before measuring (repeatable; others are refused)")
     be.add_argument("--kernels", action="store_true", help="per-kernel breakdown of one extra, untimed steady DiT chunk (GPU)")
     be.add_argument("--no-vae", action="store_true", help="benchmark the DiT only")
     be.set_defaults(fn=_lazy("harness.experiments.bench_engine", "main"))

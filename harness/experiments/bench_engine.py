@@ -271,8 +271,7 @@ def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float 
 def _print(res: dict) -> None:
     print(f"bench-engine {res['preset']} on {res['device']}: SP={res['sp']} VAE ranks={res['vae_ranks']} "
           + (f"candidates={'+'.join(res['candidates'])} " if res.get("candidates") else "")
-          + 
-          f"dtype={res['dtype']} mode={res['mode']} layers={res['layers']} attention={res['attention']} kv={res['kv_path']}")
+          + f"dtype={res['dtype']} mode={res['mode']} layers={res['layers']} attention={res['attention']} kv={res['kv_path']}")
     print("  DiT per chunk (ms): " + " ".join(f"{t:.1f}" for t in res["dit_chunk_ms"]))
     print(f"  DiT steady chunk {res['dit_steady_chunk_ms']:.2f} ms, per forward {res['dit_forward_ms']:.2f} ms, "
           f"{res['dit_tflops_per_s']:.3f} TFLOP/s" + (f", MFU {res['dit_mfu']:.1%}" if "dit_mfu" in res else ""))
@@ -302,14 +301,19 @@ def _print(res: dict) -> None:
 
 
 def main(args) -> int:
-    from harness.cli import base_config
-
     from harness import candidates as C
+    from harness.cli import base_config
 
     cfg = override(base_config(args), parallel={"sp": args.sp, "vae_ranks": args.vae_ranks},
                    runtime={"device": args.device, "mode": args.mode})
-    specs = tuple(getattr(args, "candidate", None) or ())
-    cfg = C.configure(specs, cfg)  # refuses unknown, conflicting or unavailable candidates first
+    specs = tuple(args.candidate)
+    for c, _ in C.resolve(specs, cfg):  # unknown, conflicting or unavailable: refused here too
+        # only DiT patches are applied (_dit_rank): anything else would be named in the result
+        # without having changed what was measured
+        if c.patch_vae or c.patch_output or c.changes != "engine":
+            what = "the VAE" if c.patch_vae else "the output path" if c.patch_output else f"the {c.changes}"
+            raise HarnessError(f"bench-engine --candidate {c.id}: it changes {what}, which bench-engine does not apply; use compare")
+    cfg = C.configure(specs, cfg)
     for name in ("chunks", "sessions"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise HarnessError(f"--{name} must be ≥ 1")
@@ -318,8 +322,7 @@ def main(args) -> int:
         return 0
     if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
         raise HarnessError("--device cuda but no CUDA device is visible (use --device cpu or --flops-only)")
-    res = run_bench(cfg, args.chunks, args.peak_tflops, args.sessions, specs, bool(getattr(args, "kernels", False)),
-                    vae=not getattr(args, "no_vae", False))
+    res = run_bench(cfg, args.chunks, args.peak_tflops, args.sessions, specs, args.kernels, vae=not args.no_vae)
     _print(res)
     if args.json:
         with open(args.json, "w") as f:

@@ -63,7 +63,10 @@ def test_bench_engine_tiny_on_two_sp_and_two_vae_ranks(tmp_path):
 
 @pytest.mark.parametrize("bad, why", [(["--set", "model.layers=4"], "no field model.layers"),
                                       (["--set", "model.num_layers=four"], "Expected `int`"),
-                                      (["--sessions", "0"], "--sessions must be")])
+                                      (["--sessions", "0"], "--sessions must be"),
+                                      # only DiT patches are applied: others would be claimed, not measured
+                                      (["--candidate", "H3a"], "changes the VAE"),
+                                      (["--candidate", "H5a"], "changes the scheduler")])
 def test_bad_options_are_refused_in_one_line(bad, why):
     proc = _run("--preset", "tiny", *bad, timeout=120)
     assert proc.returncode != 0
