@@ -177,3 +177,15 @@ def _register_fa3() -> None:
 
 
 _register_fa3()
+
+
+def check_backend(name: str, device: str) -> None:
+    """Refuse, in one line, a dense backend that does not exist or — FA3 without its wheel or a
+    Hopper GPU — cannot run on ``device``: for commands to call before any engine is built (the
+    kernels themselves only refuse at their first call, inside a rank)."""
+    from harness.engine import fa3
+
+    dense(name)
+    why = fa3.unavailable_reason(device) if name in fa3.DENSE else None
+    if why is not None:
+        raise HarnessError(f"runtime.attention={name}: {why}")

@@ -28,6 +28,7 @@ import torch
 
 from harness import candidates as C
 from harness.config import HarnessConfig, override
+from harness.engine.attention import check_backend
 from harness.engine.groups import RankGroup
 from harness.errors import HarnessError
 from harness.experiments.bench_engine import (count_steady_flops, dit_engine_for, measure_peak_tflops,
@@ -174,6 +175,7 @@ def main(args) -> int:
     cfg = override(base, parallel={"sp": 1}, runtime={"device": args.device, "mode": args.mode})
     if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
         raise HarnessError("--device cuda but no CUDA device is visible")
+    check_backend(cfg.runtime.attention, cfg.runtime.device)  # the baseline's, e.g. one set with --set
     out = run(cfg, arms, args.rounds, args.chunks or cfg.video.chunks_per_session, args.kernels)
     add_rates(out, cfg, torch.device("cuda:0" if cfg.runtime.device == "cuda" else "cpu"))
     _print(out)

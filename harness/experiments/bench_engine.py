@@ -20,6 +20,7 @@ import torch
 
 from harness.config import HarnessConfig, override
 from harness.errors import HarnessError
+from harness.engine.attention import check_backend
 from harness.engine.groups import RankGroup, run_ranks
 
 
@@ -317,11 +318,14 @@ def main(args) -> int:
     for name in ("chunks", "sessions"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise HarnessError(f"--{name} must be ≥ 1")
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        raise HarnessError(f"--json {args.json}: its folder does not exist")
     if args.flops_only:
         print(json.dumps(count_steady_flops(cfg)))
         return 0
     if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
         raise HarnessError("--device cuda but no CUDA device is visible (use --device cpu or --flops-only)")
+    check_backend(cfg.runtime.attention, cfg.runtime.device)  # also one set with --set, not by a candidate
     res = run_bench(cfg, args.chunks, args.peak_tflops, args.sessions, specs, args.kernels, vae=not args.no_vae)
     _print(res)
     if args.json:

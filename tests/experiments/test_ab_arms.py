@@ -39,6 +39,7 @@ def test_round_order_rotates_every_arm_through_every_slot():
     (["--arm", "f=H6a"], "needs cuda"),
     (["--arm", "c=H2a", "--set", "parallel.sp=2"], "use ab-engine --sp N"),
     (["--arm", "c=H2a", "--json", "no-such-folder/x.json"], "its folder does not exist"),
+    (["--arm", "c=H2a", "--set", "runtime.attention=fa3"], "runtime.attention=fa3: FlashAttention-3"),
 ])
 def test_refusals_are_one_line_and_build_nothing(argv, why, capsys, monkeypatch):
     def no_engine(*a, **k):

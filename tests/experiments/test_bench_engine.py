@@ -66,11 +66,13 @@ def test_bench_engine_tiny_on_two_sp_and_two_vae_ranks(tmp_path):
                                       (["--sessions", "0"], "--sessions must be"),
                                       # only DiT patches are applied: others would be claimed, not measured
                                       (["--candidate", "H3a"], "changes the VAE"),
-                                      (["--candidate", "H5a"], "changes the scheduler")])
+                                      (["--candidate", "H5a"], "changes the scheduler"),
+                                      (["--set", "runtime.attention=fa3"], "runtime.attention=fa3: FlashAttention-3"),
+                                      (["--json", "no-such-folder/b.json"], "its folder does not exist")])
 def test_bad_options_are_refused_in_one_line(bad, why):
     proc = _run("--preset", "tiny", *bad, timeout=120)
-    assert proc.returncode != 0
-    assert why in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 2  # a usage error, refused before anything runs
+    assert len(proc.stderr.strip().splitlines()) == 1 and why in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_candidate_and_dit_only_options(tmp_path):
