@@ -39,7 +39,7 @@ from harness.errors import HarnessError
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn
-_TINY = 1e-12  # an all-zero head still gets a finite scale
+MIN_AMAX = 1e-12  # an all-zero head (or row) still gets a finite scale
 PACKAGE = "fa3-fwd"
 MODULE = "fa3_fwd_interface"
 
@@ -111,7 +111,7 @@ def quantize_heads(x: Tensor, smoothed: bool = False) -> tuple[Tensor, Tensor, T
     lo, hi = lo.float(), hi.float()
     mean = x2.mean(dim=0, dtype=torch.float32) if smoothed else None
     amax = torch.maximum(hi - mean, mean - lo) if smoothed else torch.maximum(hi.abs(), lo.abs())
-    scale = amax.view(h, d).amax(-1).clamp_min(_TINY) / FP8_MAX
+    scale = amax.view(h, d).amax(-1).clamp_min(MIN_AMAX) / FP8_MAX
     inv = (1.0 / scale).repeat_interleave(d)
     cast = _compiled_cast() if x.device.type == "cuda" else _cast
     x8 = cast(x2, inv, mean).view(n, h, d)

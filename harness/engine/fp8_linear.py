@@ -20,15 +20,13 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from harness.engine.fa3 import FP8, FP8_MAX
+from harness.engine.fa3 import FP8, FP8_MAX, MIN_AMAX
 from harness.errors import HarnessError
-
-_TINY = 1e-12
 
 
 def rowwise_quantize(x: Tensor) -> tuple[Tensor, Tensor]:
     """(M, K) → e4m3 (M, K) and its per-row scale (M, 1) fp32: x ≈ x8 · scale."""
-    s = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(_TINY) / FP8_MAX
+    s = x.abs().amax(dim=-1, keepdim=True).float().clamp_min(MIN_AMAX) / FP8_MAX
     return (x.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8), s
 
 

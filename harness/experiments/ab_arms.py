@@ -37,6 +37,7 @@ from harness.experiments.compare import gate_kind
 from harness.experiments.engine_ab import (EngineArm, engine_switches, gate_pairs, judge, latent_bytes,
                                            session_actions)
 from harness.measure import stats as S
+from harness.measure.production import mfu
 
 
 def parse_arms(texts: list[str]) -> dict[str, list[str]]:
@@ -134,7 +135,7 @@ def add_rates(out: dict, cfg: HarnessConfig, device: torch.device) -> None:
     st = out["steady_from_chunk"]
     rows = {n: S.nearest_rank([x for s in t for x in s[st:]], 50) for n, t in out["chunk_ms"].items()}
     out["rates"] = {n: {"steady_ms": ms, "tflops_bf16_equiv": flops / (ms / 1e3) / 1e12,
-                        "mfu_bf16": flops / (ms / 1e3) / 1e12 / peak if peak else None}
+                        "mfu_bf16": mfu(flops, ms, peak, 1) if peak else None}
                     for n, ms in rows.items() if ms}
 
 
