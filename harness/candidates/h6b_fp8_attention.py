@@ -39,6 +39,7 @@ def patch_steps(engine, arg: str):
 
     return revert
 
+
 CANDIDATE = Candidate(
     id="H6b",
     name="fp8_attention",

@@ -19,6 +19,7 @@ def _patch(engine, arg: str):
 
     return revert
 
+
 CANDIDATE = Candidate(
     id="H6c",
     name="fp8_ffn_attention",
