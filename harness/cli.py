@@ -230,6 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--peak-tflops", type=float, default=None, help="bf16 dense peak for MFU (default: measured on GPU)")
     be.add_argument("--flops-only", action="store_true", help="count FLOPs on the meta device and print one JSON line")
     be.add_argument("--json", help="also write the result to this JSON file")
+    be.add_argument("--candidate", action="append", default=[], metavar="ID",
+                    help="apply a DiT-engine candidate (its configuration and DiT patch) before measuring (repeatable; others are refused)")
+    be.add_argument("--kernels", action="store_true", help="per-kernel breakdown of one extra, untimed steady DiT chunk (GPU)")
+    be.add_argument("--no-vae", action="store_true", help="benchmark the DiT only")
     be.set_defaults(fn=_lazy("harness.experiments.bench_engine", "main"))
 
     ab = sub.add_parser("ab-engine", help="A/B of a DiT-engine candidate (H1a, H1b, H2a) inside one engine: "
@@ -247,6 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_set_option(ab)
     ab.add_argument("--json", help="also write the result to this JSON file")
     ab.set_defaults(fn=_lazy("harness.experiments.engine_ab", "main"))
+
+    aa = sub.add_parser("ab-arms", help="several DiT-engine candidates, each judged like ab-engine against one shared "
+                        "baseline in one engine (SP = 1)")
+    _add_ab_arms_options(aa)
+    aa.set_defaults(fn=_lazy("harness.experiments.ab_arms", "main"))
 
     gt = sub.add_parser("gate", help="numeric gate between two runs' saved outputs (exit 0 only on pass)")
     gt.add_argument("run_a")
@@ -304,6 +313,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_arguments(ry)
     ry.set_defaults(fn=_lazy("harness.experiments.replay", "main"))
     return p
+
+
+def _add_ab_arms_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--arm", action="append", default=[], metavar="NAME=ID[+ID…]",
+                   help="an arm: its name and a '+'-joined candidate list, e.g. both=H6a+H1b:fa3 (repeatable)")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--config")
+    p.add_argument("--device", choices=["cpu", "cuda"])
+    p.add_argument("--mode", choices=["eager", "compiled", "deterministic"])
+    p.add_argument("--rounds", type=int, default=4, help="one session of the baseline and of every arm per round (default 4)")
+    p.add_argument("--chunks", type=int, help="chunks per session (default: the preset's session length)")
+    p.add_argument("--kernels", action="store_true", help="per-kernel breakdown of one extra, untimed steady chunk per arm (GPU)")
+    add_set_option(p)
+    p.add_argument("--json", help="also write the result to this JSON file")
 
 
 def _lazy(module: str, attr: str):

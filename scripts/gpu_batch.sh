@@ -3,13 +3,16 @@
 # Usage: scripts/gpu_batch.sh OUT_DIR [STEP…]
 #   steps: probe bench1 bench1c bench2 bench2c bench704 bench704c mem served servee servee-shared compare abeng
 #          report gate bench4 serve4d serve4e report4 gputests h4 dit det colocate replay mps-on mps-off
+#          fa3tests arms replayfa3 benchcand
 # Environment: MODE (serve/bench mode), TAG (suffix of a repeated serve), SESSIONS, VARIANTS (dit),
 #   GATE_A / GATE_B / GATE_EXACT (gate between two run directories of this scratch folder),
 #   CAND / ROUNDS / LAYERS (compare: the candidate, rounds, DiT depth), LAUNCHES / PAIRS / CHUNKS (abeng),
 #   EXTRA (more serve options for compare, e.g. "--dit-gpus 0 --vae-gpus 1"),
 #   RES (480x832 or 704x1280: the 4-GPU steps bench4 serve4d serve4e report4 of the production topology),
 #   SCRATCH (where run directories go; default /tmp/harness-gpu), STEP_TIMEOUT (seconds per step, 420),
-#   REPLAY_SP / REPLAY_KV (replay: SP degrees and K lengths).
+#   REPLAY_SP / REPLAY_KV (replay: SP degrees and K lengths), REPLAY_BACKENDS (replayfa3),
+#   ARMS (arms: space-separated NAME=ID[+ID…], each A/B'd against one shared baseline in one engine;
+#   with ROUNDS / CHUNKS), CAND (benchcand: '+'-joined candidates; DiT only, with a kernel breakdown).
 # One-GPU steps can run side by side on a multi-GPU host, each with its own GPU and scratch folder:
 #   CUDA_VISIBLE_DEVICES=1 SCRATCH=/tmp/g1 scripts/gpu_batch.sh OUT/g1 STEP…
 # Run directories go to a scratch folder (media and saved outputs are large); the small files
@@ -61,6 +64,14 @@ for s in $STEPS; do
               step mps-on nvidia-cuda-mps-control -d ;;
     mps-off)  echo quit | nvidia-cuda-mps-control; echo "mps-off rc=$?" | tee -a "$SCRATCH/steps.txt" ;;
     replay)   step replay-480 python3 -m harness replay --synthetic lingbot-480x832 --device cuda --sp "${REPLAY_SP:-1,2}" --kv "${REPLAY_KV:-4680,14040,28080}" --repeats 10 --warmup 2 --out "$SCRATCH/replay-480" ;;
+    fa3tests) step fa3-tests python3 -m pytest -q -s -p no:cacheprovider tests/engine/test_fa3_cuda.py ;;
+    arms)     need ARMS && step ab-arms-$RES $H ab-arms --preset lingbot-$RES --device cuda --mode "${MODE:-compiled}" \
+                $(for a in $ARMS; do printf -- '--arm %s ' "$a"; done) --rounds "${ROUNDS:-4}" --chunks "${CHUNKS:-7}" --kernels --json "$SCRATCH/ab-arms-$RES.json" ;;
+    replayfa3) step replay-fa3 python3 -m harness replay --synthetic lingbot-$RES --device cuda --sp 1 --kv "${REPLAY_KV:-28080}" \
+                --backends "${REPLAY_BACKENDS:-sdpa-cudnn,fa3,fa3-fp8,fa3-fp8-smooth,emu-fp8-v,emu-fp8-qk,emu-fp8-p,emu-fp8-qkvp,emu-fp8-v-smooth,emu-fp8-qkvp-smooth}" \
+                --repeats 10 --warmup 2 --out "$SCRATCH/replay-fa3" ;;
+    benchcand) need CAND && step bench-$RES-sp1-compiled-${CAND//[:+]/_} $H bench-engine --preset lingbot-$RES --device cuda --mode "${MODE:-compiled}" \
+                $(tr '+' '\n' <<< "$CAND" | sed 's/^/--candidate /') --no-vae --kernels --json "$SCRATCH/bench-$RES-sp1-compiled-${CAND//[:+]/_}.json" ;;
     *) echo "unknown step $s" ;;
   esac
 done

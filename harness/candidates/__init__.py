@@ -28,6 +28,9 @@ MODULES: dict[str, str] = {
     "H4a": "h4a_fused_output",
     "H4b": "h4b_pinned_d2h",
     "H5a": "h5a_decode_overlap",
+    "H6a": "h6a_fp8_linear",
+    "H6b": "h6b_fp8_attention",
+    "H6c": "h6c_fp8_both",
 }
 
 
@@ -38,7 +41,7 @@ class Candidate:
     description: str
     gate: Gate
     reference: Literal["eager", "deterministic"] = "eager"
-    needs: tuple[str, ...] = ()  # "cuda", "triton"
+    needs: tuple[str, ...] = ()  # "cuda", "triton", "fa3", "fp8"
     conflicts: tuple[str, ...] = ()
     changes: str = "engine"  # "engine", "runtime", "scheduler" — what it touches
     configure: Callable[[HarnessConfig, str], HarnessConfig] | None = None
@@ -76,6 +79,16 @@ def _available(need: str, device: str) -> bool:
         except ImportError:
             return False
         return device == "cuda"
+    if need == "fa3":  # the fa3-fwd wheel and a Hopper GPU
+        from harness.engine.fa3 import unavailable_reason
+
+        return device == "cuda" and unavailable_reason(device) is None
+    if need == "fp8":  # e4m3 GEMMs: CPU, or a GPU of compute capability ≥ 8.9
+        if device != "cuda":
+            return True
+        import torch
+
+        return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
     return True
 
 

@@ -9,6 +9,9 @@
   dense kernel; "paged" walks the block table in groups of blocks and merges the partial results
   with their log-sum-exp, so no more than one group of K/V is ever materialised (a Triton kernel
   that reads the pool in place can replace it under the same name).
+* FlashAttention-3 (``engine.fa3``, when the ``fa3-fwd`` wheel and a Hopper GPU are there): dense
+  "fa3" (bf16), "fa3-fp8" and "fa3-fp8-smooth" (e4m3 with per-head descales), and "fa3" as a
+  partial of the paged walk; elsewhere they refuse with one line when called.
 
 Token-major tensors (S, H, D) are what the model and the cache hold; the dense kernels get
 (1, H, S, D) *views* of them (the BSHD memory layout flash/cuDNN read natively), never copies.
@@ -164,3 +167,25 @@ def kv_path(name: str) -> KvPathFn:
 def cross_attention(q: Tensor, k: Tensor, v: Tensor, *, attend: DenseFn) -> Tensor:
     """q (Sq, H, D) over cached text K/V already in (1, H, L, D) layout → (Sq, H, D)."""
     return _shd(attend(_bhsd(q), k, v))
+
+
+def _register_fa3() -> None:
+    from harness.engine import fa3
+
+    DENSE.update(fa3.DENSE)
+    PARTIALS["fa3"] = fa3.fa3_partial
+
+
+_register_fa3()
+
+
+def check_backend(name: str, device: str) -> None:
+    """Refuse, in one line, a dense backend that does not exist or — FA3 without its wheel or a
+    Hopper GPU — cannot run on ``device``: for commands to call before any engine is built (the
+    kernels themselves only refuse at their first call, inside a rank)."""
+    from harness.engine import fa3
+
+    dense(name)
+    why = fa3.unavailable_reason(device) if name in fa3.DENSE else None
+    if why is not None:
+        raise HarnessError(f"runtime.attention={name}: {why}")

@@ -20,6 +20,7 @@ import torch
 
 from harness.config import HarnessConfig, override
 from harness.errors import HarnessError
+from harness.engine.attention import check_backend
 from harness.engine.groups import RankGroup, run_ranks
 
 
@@ -137,16 +138,22 @@ def timed_session(eng, device: torch.device, actions: list[str], *, prompt: str,
     return times
 
 
-def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, sessions: int = 1) -> dict:
+def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, sessions: int = 1,
+              candidates: tuple[str, ...] = (), kernels: bool = False) -> dict:
     """Chunk times of the first measured session; device memory and host RSS after every session
     ends (flat over many sessions means nothing leaks per session). Compiled modes first run an
-    unmeasured session of 3 chunks: compilation in the first, CUDA-graph recording in the second."""
+    unmeasured session of 3 chunks: compilation in the first, CUDA-graph recording in the second.
+    ``candidates``' DiT patches are applied before anything runs; ``kernels`` adds one chunk to
+    the first measured session, profiled (``kernel_profile``) and left out of its times."""
+    from harness import candidates as C
     from harness.drivers.procwatch import rss_bytes
 
     eng, device = dit_engine_for(group, cfg)
+    C.apply_candidates(list(candidates), dit=eng)
 
-    def session(n: int, seed: int) -> list[float]:
-        return timed_session(eng, device, ["W"] * cfg.video.frames_per_chunk, prompt="bench", seed=seed, chunks=n)
+    def session(n: int, seed: int, on_latent=None) -> list[float]:
+        return timed_session(eng, device, ["W"] * cfg.video.frames_per_chunk, prompt="bench", seed=seed, chunks=n,
+                             on_latent=on_latent)
 
     out: dict = {}
     if cfg.runtime.mode != "eager":
@@ -155,7 +162,14 @@ def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, sessions: int =
         out["warmup_s"] = time.perf_counter() - t0
     mem = []
     for i in range(sessions):
-        times = session(chunks, seed=i)
+        prof = None
+        if kernels and i == 0 and device.type == "cuda":
+            from harness.experiments.kernel_profile import ProfileChunk
+
+            prof = ProfileChunk(skip=chunks)
+        times = session(chunks + (prof is not None), seed=i, on_latent=prof)
+        if prof is not None:
+            out["kernels"], times = prof.result, times[:chunks]
         if i == 0:
             out["chunk_ms"] = times
         _sync(device)
@@ -210,16 +224,19 @@ def memory_growth(samples: list[dict]) -> dict:
 
 
 def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float | None = None,
-              sessions: int = 1) -> dict:
+              sessions: int = 1, candidates: tuple[str, ...] = (), kernels: bool = False, vae: bool = True) -> dict:
+    """``cfg`` already carries the candidates' configuration part (``candidates.configure``)."""
     steady = steady_chunk_index(cfg)
     chunks = chunks or cfg.video.chunks_per_session
     backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
-    dit = run_ranks(_dit_rank, cfg.parallel.sp, cfg, chunks, sessions, backend=backend, timeout_s=3600)[0]
-    vae = run_ranks(_vae_rank, cfg.parallel.vae_ranks, cfg, min(chunks, 4), backend=backend, timeout_s=3600)[0]
+    dit = run_ranks(_dit_rank, cfg.parallel.sp, cfg, chunks, sessions, tuple(candidates), kernels,
+                    backend=backend, timeout_s=3600)[0]
+    vae = (run_ranks(_vae_rank, cfg.parallel.vae_ranks, cfg, min(chunks, 4), backend=backend, timeout_s=3600)[0]
+           if vae else None)
     flops = count_steady_flops(cfg)
     steady_ms = dit["chunk_ms"][steady:] if len(dit["chunk_ms"]) > steady else dit["chunk_ms"][-1:]
     dit_ms = statistics.median(steady_ms)
-    vae_ms = statistics.median(vae["decode_ms"][1:] or vae["decode_ms"])
+    vae_ms = statistics.median(vae["decode_ms"][1:] or vae["decode_ms"]) if vae else None
     res = {
         "preset": cfg.name, "device": cfg.runtime.device, "sp": cfg.parallel.sp, "vae_ranks": cfg.parallel.vae_ranks,
         "mode": cfg.runtime.mode, "layers": cfg.model.num_layers, "compile": dit["compile"],
@@ -230,10 +247,11 @@ def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float 
         "dtype": cfg.runtime.dtype, "attention": dit["attention"], "kv_path": cfg.runtime.kv_path,
         "dit_chunk_ms": dit["chunk_ms"], "dit_kv_tokens": dit["kv_tokens"], "dit_steady_chunk_ms": dit_ms,
         "dit_forward_ms": dit_ms / (len(cfg.schedule.timesteps) + 1),
-        "vae_decode_ms": vae["decode_ms"], "vae_steady_decode_ms": vae_ms, "flops": flops,
+        "vae_decode_ms": vae["decode_ms"] if vae else None, "vae_steady_decode_ms": vae_ms, "flops": flops,
         "dit_tflops_per_s": flops["dit_flops"] / (dit_ms / 1e3) / 1e12,
-        "vae_tflops_per_s": flops["vae_conv_flops"] / (vae_ms / 1e3) / 1e12,
-        "peak_mem_gib": {"dit": dit.get("peak_mem_gib"), "vae": vae.get("peak_mem_gib")},
+        "vae_tflops_per_s": flops["vae_conv_flops"] / (vae_ms / 1e3) / 1e12 if vae else None,
+        "peak_mem_gib": {"dit": dit.get("peak_mem_gib"), "vae": vae.get("peak_mem_gib") if vae else None},
+        "candidates": list(candidates), "dit_kernels": dit.get("kernels"),
     }
     if cfg.runtime.device == "cuda":
         dev = torch.device("cuda:0")
@@ -243,7 +261,8 @@ def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float 
         res["peak_bf16_tflops"], res["peak_tf32_tflops"] = bf16, tf32
         # per-GPU MFU: the DiT's FLOPs are spread over sp GPUs, the VAE's over vae_ranks GPUs
         res["dit_mfu"] = res["dit_tflops_per_s"] / (bf16 * cfg.parallel.sp)
-        res["vae_mfu"] = res["vae_tflops_per_s"] / (tf32 * cfg.parallel.vae_ranks)
+        if vae:
+            res["vae_mfu"] = res["vae_tflops_per_s"] / (tf32 * cfg.parallel.vae_ranks)
     elif peak_tflops:
         res["peak_tflops"] = peak_tflops
         res["dit_mfu"] = res["dit_tflops_per_s"] / (peak_tflops * cfg.parallel.sp)
@@ -252,12 +271,20 @@ def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float 
 
 def _print(res: dict) -> None:
     print(f"bench-engine {res['preset']} on {res['device']}: SP={res['sp']} VAE ranks={res['vae_ranks']} "
-          f"dtype={res['dtype']} mode={res['mode']} layers={res['layers']} attention={res['attention']} kv={res['kv_path']}")
+          + (f"candidates={'+'.join(res['candidates'])} " if res.get("candidates") else "")
+          + f"dtype={res['dtype']} mode={res['mode']} layers={res['layers']} attention={res['attention']} kv={res['kv_path']}")
     print("  DiT per chunk (ms): " + " ".join(f"{t:.1f}" for t in res["dit_chunk_ms"]))
     print(f"  DiT steady chunk {res['dit_steady_chunk_ms']:.2f} ms, per forward {res['dit_forward_ms']:.2f} ms, "
           f"{res['dit_tflops_per_s']:.3f} TFLOP/s" + (f", MFU {res['dit_mfu']:.1%}" if "dit_mfu" in res else ""))
-    print(f"  VAE steady decode {res['vae_steady_decode_ms']:.2f} ms, {res['vae_tflops_per_s']:.3f} TFLOP/s"
-          + (f", MFU {res['vae_mfu']:.1%} (TF32)" if "vae_mfu" in res else ""))
+    if res.get("dit_kernels"):
+        from harness.measure.kernels import render
+
+        print("  DiT steady chunk " + render(res["dit_kernels"]))
+    if res["vae_steady_decode_ms"] is None:
+        print("  VAE not run (--no-vae)")
+    else:
+        print(f"  VAE steady decode {res['vae_steady_decode_ms']:.2f} ms, {res['vae_tflops_per_s']:.3f} TFLOP/s"
+              + (f", MFU {res['vae_mfu']:.1%} (TF32)" if "vae_mfu" in res else ""))
     if res["steady_flatness_9_vs_6"] is not None:
         print(f"  chunk 9 / chunk 6: {res['steady_flatness_9_vs_6']:.4f}")
     c = res["compile"]
@@ -275,19 +302,31 @@ def _print(res: dict) -> None:
 
 
 def main(args) -> int:
+    from harness import candidates as C
     from harness.cli import base_config
 
     cfg = override(base_config(args), parallel={"sp": args.sp, "vae_ranks": args.vae_ranks},
                    runtime={"device": args.device, "mode": args.mode})
+    specs = tuple(args.candidate)
+    for c, _ in C.resolve(specs, cfg):  # unknown, conflicting or unavailable: refused here too
+        # only DiT patches are applied (_dit_rank): anything else would be named in the result
+        # without having changed what was measured
+        if c.patch_vae or c.patch_output or c.changes != "engine":
+            what = "the VAE" if c.patch_vae else "the output path" if c.patch_output else f"the {c.changes}"
+            raise HarnessError(f"bench-engine --candidate {c.id}: it changes {what}, which bench-engine does not apply; use compare")
+    cfg = C.configure(specs, cfg)
     for name in ("chunks", "sessions"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise HarnessError(f"--{name} must be ≥ 1")
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        raise HarnessError(f"--json {args.json}: its folder does not exist")
     if args.flops_only:
         print(json.dumps(count_steady_flops(cfg)))
         return 0
     if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
         raise HarnessError("--device cuda but no CUDA device is visible (use --device cpu or --flops-only)")
-    res = run_bench(cfg, args.chunks, args.peak_tflops, args.sessions)
+    check_backend(cfg.runtime.attention, cfg.runtime.device)  # also one set with --set, not by a candidate
+    res = run_bench(cfg, args.chunks, args.peak_tflops, args.sessions, specs, args.kernels, vae=not args.no_vae)
     _print(res)
     if args.json:
         with open(args.json, "w") as f:

@@ -69,29 +69,60 @@ def arm_order(pairs: int) -> list[str]:
     return [arm for p in range(pairs) for arm in (("A", "B") if p % 2 == 0 else ("B", "A"))]
 
 
+def session_actions(cfg: HarnessConfig) -> list[str]:
+    """The actions of every frame of an A/B session's chunks (walk, idle, turn, …): the same for
+    every arm, so arms differ only in what the candidates change."""
+    return (["W", "", "D"] * cfg.video.frames_per_chunk)[: cfg.video.frames_per_chunk]
+
+
+def latent_bytes(x: torch.Tensor) -> bytes:
+    """A chunk's latent as raw float32 bytes, the form ``gate_pairs`` reads back."""
+    return x.float().cpu().numpy().tobytes()
+
+
+class EngineArm:
+    """One arm's engine state, entered for each of its sessions: the candidates' runtime switches
+    set and their DiT patches applied, then all put back on leaving (also when a session fails, so
+    the next arm never runs on a half-patched engine). The baseline is an arm with no candidates."""
+
+    def __init__(self, eng, cfg: HarnessConfig, specs: list[str], switches: dict[str, str]):
+        self.eng, self.switches = eng, switches
+        self.patches = [(c.patch_dit, arg) for c, arg in C.resolve(specs, cfg) if c.patch_dit is not None]
+        self.base: dict = {}
+        self.reverts: list = []
+
+    def __enter__(self) -> EngineArm:
+        self.base = {k: getattr(self.eng, k) for k in self.switches}
+        self.reverts = []
+        try:
+            for k, v in self.switches.items():
+                setattr(self.eng, k, v)
+            for patch, arg in self.patches:
+                self.reverts.append(patch(self.eng, arg))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for r in reversed(self.reverts):
+            r()
+        for k, v in self.base.items():
+            setattr(self.eng, k, v)
+
+
 def _rank(group: RankGroup, cfg: HarnessConfig, specs: list[str], switches: dict[str, str], pairs: int,
           chunks: int) -> dict:
     eng, device = dit_engine_for(group, cfg)
-    base = {k: getattr(eng, k) for k in switches}
-    patches = [(c.patch_dit, arg) for c, arg in C.resolve(specs, cfg) if c.patch_dit is not None]
-    actions = (["W", "", "D"] * cfg.video.frames_per_chunk)[: cfg.video.frames_per_chunk]
+    arms = {"A": EngineArm(eng, cfg, [], {}), "B": EngineArm(eng, cfg, specs, switches)}
+    actions = session_actions(cfg)
 
     def session(arm: str, seed: int, n: int) -> tuple[list[float], list[bytes]]:
-        reverts = []
-        if arm == "B":
-            for k, v in switches.items():
-                setattr(eng, k, v)
-            reverts = [patch(eng, arg) for patch, arg in patches]
-        try:
+        with arms[arm]:
             lat: list[bytes] = []
-            keep = (lambda x: lat.append(x.float().cpu().numpy().tobytes())) if group.rank == 0 else None
+            keep = (lambda x: lat.append(latent_bytes(x))) if group.rank == 0 else None
             times = timed_session(eng, device, actions, prompt="ab-engine", seed=seed, chunks=n, on_latent=keep)
             return times, lat
-        finally:
-            for r in reverts:
-                r()
-            for k, v in base.items():
-                setattr(eng, k, v)
 
     if cfg.runtime.mode != "eager":  # compilation and CUDA-graph recording, for both arms' paths
         for arm in ("A", "B"):

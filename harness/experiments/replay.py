@@ -1156,3 +1156,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"{kind}: {len(es)} inputs; local winners: " + ", ".join(f"{k} {v}" for k, v in sorted(wins.items(), key=lambda kv: -kv[1])))
     print(f"replay: {paths['md']}")
     return 0
+
+
+# FlashAttention-3 rows and FP8 emulations live in their own module (it imports from this one).
+import harness.experiments.replay_fa3  # noqa: E402,F401

@@ -63,8 +63,28 @@ def test_bench_engine_tiny_on_two_sp_and_two_vae_ranks(tmp_path):
 
 @pytest.mark.parametrize("bad, why", [(["--set", "model.layers=4"], "no field model.layers"),
                                       (["--set", "model.num_layers=four"], "Expected `int`"),
-                                      (["--sessions", "0"], "--sessions must be")])
+                                      (["--sessions", "0"], "--sessions must be"),
+                                      # only DiT patches are applied: others would be claimed, not measured
+                                      (["--candidate", "H3a"], "changes the VAE"),
+                                      (["--candidate", "H5a"], "changes the scheduler"),
+                                      (["--set", "runtime.attention=fa3"], "runtime.attention=fa3: FlashAttention-3"),
+                                      (["--json", "no-such-folder/b.json"], "its folder does not exist")])
 def test_bad_options_are_refused_in_one_line(bad, why):
     proc = _run("--preset", "tiny", *bad, timeout=120)
-    assert proc.returncode != 0
-    assert why in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 2  # a usage error, refused before anything runs
+    assert len(proc.stderr.strip().splitlines()) == 1 and why in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_candidate_and_dit_only_options(tmp_path):
+    """--candidate applies its DiT patch (H2a: the JSON names it and the chunks still run);
+    --no-vae skips the VAE; a candidate the device cannot run is refused before anything starts."""
+    out = tmp_path / "b.json"
+    proc = _run("--preset", "tiny", "--sp", "1", "--device", "cpu", "--chunks", "6", "--candidate", "H2a",
+                "--no-vae", "--kernels", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(out.read_text())
+    assert res["candidates"] == ["H2a"] and len(res["dit_chunk_ms"]) == 6
+    assert res["dit_kernels"] is None  # the profiler breakdown is for CUDA devices only
+    assert res["vae_decode_ms"] is None and res["vae_steady_decode_ms"] is None and "VAE not run" in proc.stdout
+    bad = _run("--preset", "tiny", "--device", "cpu", "--candidate", "H6a")
+    assert bad.returncode != 0 and "needs cuda" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -1,0 +1,187 @@
+"""Several DiT-engine candidates, each A/B'd against one shared baseline inside one engine.
+
+    python -m harness ab-arms --preset lingbot-480x832 --device cuda --mode compiled \\
+        --arm fa3=H1b:fa3 --arm h6a=H6a --arm h6c=H6c [--rounds 4] [--chunks 7] [--kernels] [--json F]
+
+``ab-engine`` judges one candidate per launch; at full size each launch pays the model's
+initialisation and a compilation warm-up per arm, several minutes before the first measured
+chunk. Here the engine is built and the baseline compiled once, and every arm (a '+'-joined
+candidate list, e.g. ``H6a+H1b:fa3``) is one more engine state: its runtime switches and DiT
+patches applied for its sessions and reverted after, by the same ``engine_ab.EngineArm`` that
+``ab-engine`` uses for its arms.
+
+Round r runs one session of the baseline (A) and of every arm, all with seed r, in an order
+rotated by r (a slow drift of the machine weighs on every arm alike). Each arm is then judged
+with ``ab-engine``'s own functions: the threshold/exact gate over every chunk against the same
+round's A session, and the ratio of medians of the steady chunks with its interval and the A/A
+floor (``engine_ab.judge``). ``--kernels`` adds one chunk to each arm's last session, profiled for
+a per-kernel breakdown and left out of the times and the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from harness import candidates as C
+from harness.config import HarnessConfig, override
+from harness.engine.attention import check_backend
+from harness.engine.groups import RankGroup
+from harness.errors import HarnessError
+from harness.experiments.bench_engine import (count_steady_flops, dit_engine_for, measure_peak_tflops,
+                                              steady_chunk_index, timed_session)
+from harness.experiments.compare import gate_kind
+from harness.experiments.engine_ab import (EngineArm, engine_switches, gate_pairs, judge, latent_bytes,
+                                           session_actions)
+from harness.measure import stats as S
+from harness.measure.production import mfu
+
+
+def parse_arms(texts: list[str]) -> dict[str, list[str]]:
+    """``name=ID[+ID…]`` → {name: [ID, …]}; names unique, "A" reserved for the baseline."""
+    arms: dict[str, list[str]] = {}
+    for t in texts:
+        name, sep, spec = t.partition("=")
+        name, specs = name.strip(), [s.strip() for s in spec.split("+") if s.strip()]
+        if not sep or not name or not specs:
+            raise HarnessError(f"--arm {t!r}: expected NAME=ID[+ID…], e.g. fa3=H1b:fa3")
+        if name == "A" or name in arms:
+            raise HarnessError(f"--arm name {name!r} is {'reserved for the baseline' if name == 'A' else 'given twice'}")
+        arms[name] = specs
+    if not arms:
+        raise HarnessError("give at least one --arm NAME=ID[+ID…]")
+    return arms
+
+
+def round_order(names: list[str], r: int) -> list[str]:
+    """The baseline and every arm, rotated by the round index."""
+    k = r % len(names)
+    return names[k:] + names[:k]
+
+
+def run(cfg: HarnessConfig, arms: dict[str, list[str]], rounds: int, chunks: int, kernels: bool = False) -> dict:
+    """One engine on one device (SP = 1: ``ab-engine`` covers SP > 1, one candidate per launch)."""
+    cfg = override(cfg, parallel={"sp": 1})
+    steady = steady_chunk_index(cfg)
+    if chunks <= steady:
+        raise HarnessError(f"--chunks {chunks}: sessions need more than {steady} chunks for a steady chunk")
+    switches = {n: engine_switches(s, cfg) for n, s in arms.items()}  # every arm refused before the engine is built
+    eng, device = dit_engine_for(RankGroup.single(), cfg)
+    state = {"A": EngineArm(eng, cfg, [], {})} | {n: EngineArm(eng, cfg, s, switches[n]) for n, s in arms.items()}
+    actions = session_actions(cfg)
+
+    def session(name: str, seed: int, n: int, on_latent=None) -> list[float]:
+        with state[name]:
+            return timed_session(eng, device, actions, prompt="ab-arms", seed=seed, chunks=n, on_latent=on_latent)
+
+    warm = {}
+    if cfg.runtime.mode != "eager":  # compilation and CUDA-graph recording of every arm's graphs
+        for name in state:
+            warm[name] = session(name, 10_000, min(3, chunks))
+    times, lats, profiles, order = {n: [] for n in state}, {n: [] for n in state}, {}, []
+    for r in range(rounds):
+        for name in round_order(list(state), r):
+            order.append(name)
+            lat: list[bytes] = []
+            prof = _profiler(chunks) if kernels and r == rounds - 1 and device.type == "cuda" else None
+
+            def on_latent(x, lat=lat, prof=prof) -> None:
+                lat.append(latent_bytes(x))
+                if prof is not None:
+                    prof(x)
+
+            t = session(name, r, chunks + (prof is not None), on_latent)
+            if prof is not None:
+                profiles[name] = prof.result
+            times[name].append(t[:chunks])
+            lats[name].append(lat[:chunks])
+            # a killed run still leaves every finished session's times in its log
+            print(f"round {r} {name}: " + " ".join(f"{x:.1f}" for x in t[:chunks]), flush=True)
+    out = {"preset": cfg.name, "mode": cfg.runtime.mode, "sp": 1, "layers": cfg.model.num_layers, "rounds": rounds,
+           "chunks": chunks, "steady_from_chunk": steady, "order": " ".join(order), "warmup_chunk_ms": warm,
+           "compile": eng.compile_stats(), "chunk_ms": times, "kernels": profiles}
+    shape = (16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)
+    out["arms"] = {name: {"candidates": specs, "switches": switches[name],
+                          **_judge_arm(cfg, specs, lats["A"], lats[name], times["A"], times[name], steady, shape)}
+                   for name, specs in arms.items()}
+    return out
+
+
+def _profiler(chunks: int):
+    """A per-kernel profile of one extra chunk past the timed ones (dropped from times and gate)."""
+    from harness.experiments.kernel_profile import ProfileChunk
+
+    return ProfileChunk(skip=chunks)
+
+
+def _judge_arm(cfg: HarnessConfig, specs: list[str], lat_a, lat_b, times_a, times_b, steady: int, shape) -> dict:
+    """``ab-engine``'s judgement of one arm against the baseline: its gate, then (passed) the ratio."""
+    kind = gate_kind([c.gate for c, _ in C.resolve(specs, cfg)])
+    gate = gate_pairs(kind, lat_a, lat_b, shape)
+    if not gate["passed"]:
+        return {"gate": gate, "verdict": "no verdict", "reason": f"{kind} gate failed: {', '.join(gate['failed'][:3])}"}
+    return {"gate": gate, **judge([{"A": times_a, "B": times_b}], steady, True)}  # one launch: no verdict
+
+
+def add_rates(out: dict, cfg: HarnessConfig, device: torch.device) -> None:
+    """bf16-equivalent TFLOP/s and MFU of each arm's steady P50 (gate passed or not) (the baseline's FLOP count: an
+    FP8 arm does the same arithmetic in cheaper units, so its rate may pass the bf16 peak)."""
+    flops = count_steady_flops(cfg)["dit_flops"]
+    peak = measure_peak_tflops(device, torch.bfloat16) if device.type == "cuda" else None
+    out["dit_flops"], out["peak_bf16_tflops"] = flops, peak
+    st = out["steady_from_chunk"]
+    rows = {n: S.nearest_rank([x for s in t for x in s[st:]], 50) for n, t in out["chunk_ms"].items()}
+    out["rates"] = {n: {"steady_ms": ms, "tflops_bf16_equiv": flops / (ms / 1e3) / 1e12,
+                        "mfu_bf16": mfu(flops, ms, peak, 1) if peak else None}
+                    for n, ms in rows.items() if ms}
+
+
+def _print(out: dict) -> None:
+    print(f"ab-arms on {out['preset']} ({out['mode']}, SP=1, {out['layers']} layers), {out['rounds']} rounds × "
+          f"{out['chunks']} chunks, order {out['order']}")
+    for name, a in out["arms"].items():
+        g = a["gate"]
+        line = f"  {name} ({'+'.join(a['candidates'])}): gate {g['kind']} {'pass' if g['passed'] else 'FAIL'}"
+        line += f", worst rel-L2 {g['worst_rel_l2']:.4g}" if "worst_rel_l2" in g else ""
+        # one launch: the interval is the within-launch one, shown for screening, never a verdict
+        if r := a.get("ratio") or a.get("within_launch"):
+            line += (f"; {a['baseline_ms']:.1f} → {a['candidate_ms']:.1f} ms, ratio {r['value']:.4f} "
+                     f"[{r['low']:.4f}, {r['high']:.4f}]" + ("" if a.get("ratio") else " within one launch"))
+        print(line + f"; {a['verdict']}")
+    for name, r in out.get("rates", {}).items():
+        mfu = f", {r['mfu_bf16']:.1%} of bf16 peak" if r["mfu_bf16"] else ""
+        print(f"  {name}: steady {r['steady_ms']:.1f} ms, {r['tflops_bf16_equiv']:.1f} bf16-equivalent TFLOP/s{mfu}")
+    if out.get("kernels"):
+        from harness.measure.kernels import render
+
+        for name, b in out["kernels"].items():
+            print(f"  {name}: {render(b)}")
+
+
+def main(args) -> int:
+    """``python -m harness ab-arms``: every option checked, every arm resolved, before the engine is built."""
+    from harness.cli import base_config
+
+    arms = parse_arms(args.arm)
+    if args.rounds < 1 or (args.chunks is not None and args.chunks < 1):
+        raise HarnessError("--rounds and --chunks must be ≥ 1")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise HarnessError(f"--json {args.json}: its folder does not exist")
+    base = base_config(args)
+    if any(s.partition("=")[0].strip() == "parallel.sp" for s in args.set) and base.parallel.sp != 1:
+        raise HarnessError("ab-arms runs one engine on one device (SP = 1): use ab-engine --sp N for SP > 1")
+    cfg = override(base, parallel={"sp": 1}, runtime={"device": args.device, "mode": args.mode})
+    if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
+        raise HarnessError("--device cuda but no CUDA device is visible")
+    check_backend(cfg.runtime.attention, cfg.runtime.device)  # the baseline's, e.g. one set with --set
+    out = run(cfg, arms, args.rounds, args.chunks or cfg.video.chunks_per_session, args.kernels)
+    add_rates(out, cfg, torch.device("cuda:0" if cfg.runtime.device == "cuda" else "cpu"))
+    _print(out)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    sys.stdout.flush()
+    return 0 if all(a["gate"]["passed"] for a in out["arms"].values()) else 1

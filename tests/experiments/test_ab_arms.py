@@ -1,0 +1,75 @@
+"""``ab-arms``: the arm syntax and its refusals (one line, exit 2, nothing built), the rotated
+order, the engine state an arm sets and puts back (also when its session fails), and one tiny
+CPU run through the command where an exact-gate arm (H2a) is byte-identical to the shared
+baseline and judged by ab-engine's rules."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from harness.cli import main
+from harness.config import load_preset
+from harness.errors import HarnessError
+from harness.experiments import ab_arms
+from harness.experiments.engine_ab import EngineArm
+
+
+def test_parse_arms_and_refusals():
+    assert ab_arms.parse_arms(["fa3=H1b:fa3", "both=H6a+H1b:fa3"]) == {"fa3": ["H1b:fa3"], "both": ["H6a", "H1b:fa3"]}
+    for bad in (["H6a"], ["=H6a"], ["x="], ["A=H6a"], ["x=H6a", "x=H1a"], []):
+        with pytest.raises(HarnessError):
+            ab_arms.parse_arms(bad)
+
+
+def test_round_order_rotates_every_arm_through_every_slot():
+    names = ["A", "x", "y"]
+    orders = [ab_arms.round_order(names, r) for r in range(3)]
+    assert orders == [["A", "x", "y"], ["x", "y", "A"], ["y", "A", "x"]]
+
+
+@pytest.mark.parametrize("argv, why", [
+    ([], "give at least one --arm"),
+    (["--arm", "v=H3a"], "changes the VAE: use compare"),
+    (["--arm", "c=H2a", "--chunks", "5"], "more than 5 chunks"),
+    (["--arm", "c=H2a", "--rounds", "0"], "--rounds and --chunks must be"),
+    (["--arm", "f=H1b:fa3"], "needs cuda"),
+    (["--arm", "f=H6a"], "needs cuda"),
+    (["--arm", "c=H2a", "--set", "parallel.sp=2"], "use ab-engine --sp N"),
+    (["--arm", "c=H2a", "--json", "no-such-folder/x.json"], "its folder does not exist"),
+    (["--arm", "c=H2a", "--set", "runtime.attention=fa3"], "runtime.attention=fa3: FlashAttention-3"),
+])
+def test_refusals_are_one_line_and_build_nothing(argv, why, capsys, monkeypatch):
+    def no_engine(*a, **k):
+        raise AssertionError("the engine was built before the refusal")
+
+    monkeypatch.setattr(ab_arms, "dit_engine_for", no_engine)
+    assert main(["ab-arms", "--device", "cpu", *argv]) == 2
+    err = capsys.readouterr().err
+    assert why in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_engine_arm_sets_switches_and_puts_them_back_even_on_failure():
+    eng = SimpleNamespace(attention="sdpa", kv_path="gather")
+    arm = EngineArm(eng, load_preset("tiny"), [], {"attention": "math", "kv_path": "paged"})
+    with arm:
+        assert (eng.attention, eng.kv_path) == ("math", "paged")
+    assert (eng.attention, eng.kv_path) == ("sdpa", "gather")
+    with pytest.raises(RuntimeError), arm:
+        raise RuntimeError("a session failed")
+    assert (eng.attention, eng.kv_path) == ("sdpa", "gather")
+
+
+def test_tiny_run_exact_arm_passes_against_shared_baseline(tmp_path, capsys):
+    out = tmp_path / "arms.json"
+    assert main(["ab-arms", "--device", "cpu", "--arm", "cam=H2a", "--rounds", "1", "--chunks", "6", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    arm = res["arms"]["cam"]
+    assert arm["gate"] == {"kind": "exact", "passed": True, "compared": 6, "failed": []}
+    assert res["order"] == "A cam" and res["sp"] == 1 and [len(s) for s in res["chunk_ms"]["A"]] == [6]
+    # an ab-arms run is one launch: launch-to-launch variance is unknown, so no faster/slower claim
+    assert arm["verdict"] == "no verdict" and "one launch" in arm["reason"]
+    assert set(res["rates"]) == {"A", "cam"} and res["rates"]["A"]["mfu_bf16"] is None  # no peak on the CPU
+    assert "cam (H2a): gate exact pass" in capsys.readouterr().out
