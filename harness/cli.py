@@ -77,7 +77,7 @@ def resolve_config(args: argparse.Namespace):
         v = getattr(args, name, None)
         if v is not None and v < 1:
             raise HarnessError(f"--{name.replace('_', '-')} must be ≥ 1, got {v}")
-    return override(
+    cfg = override(
         cfg,
         parallel={"sp": args.sp, "vae_ranks": args.vae_ranks, "dit_devices": getattr(args, "dit_gpus", None),
                   "vae_devices": getattr(args, "vae_gpus", None)},
@@ -87,6 +87,25 @@ def resolve_config(args: argparse.Namespace):
             "device": args.device, "encoder": args.encoder, "sink": args.sink, "ring_slots": args.ring_slots,
         },
     )
+    from harness.candidates.explicit import refuse_rewrites
+
+    refuse_rewrites([*getattr(args, "candidate", []), *getattr(args, "baseline", [])], cfg, explicit_fields(args))
+    return cfg
+
+
+#: option → config field it sets, for refusing a candidate that would rewrite it
+_OPTION_FIELDS = {"scheduler": "runtime.scheduler", "mode": "runtime.mode", "device": "runtime.device",
+                  "encoder": "runtime.encoder", "sink": "runtime.sink", "ring_slots": "runtime.ring_slots",
+                  "sessions": "runtime.sessions", "seed": "runtime.seed", "sp": "parallel.sp",
+                  "vae_ranks": "parallel.vae_ranks", "chunks": "video.chunks_per_session"}
+
+
+def explicit_fields(args: argparse.Namespace) -> dict[str, str]:
+    """Config fields the user set on the command line (flags and --set), each with the option that set it."""
+    out = {key: f"--{name.replace('_', '-')}" for name, key in _OPTION_FIELDS.items() if getattr(args, name, None) is not None}
+    for item in getattr(args, "set", None) or []:
+        out[item.partition("=")[0].strip()] = f"--set {item}"
+    return out
 
 
 def launcher_options(args: argparse.Namespace) -> dict:

@@ -202,6 +202,9 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
          "vae.temporal_upsample needs one entry per up stage (len(dim_mult) - 1)"),
         (sum(cfg.vae.temporal_upsample) == 2, "vae.temporal_upsample must upsample time by 4 (two stages)"),
     ]
+    from harness.limits import check_shapes
+
+    check_shapes(cfg)  # sizes first: a negative or absurd dimension is named as such, not as a divisibility
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
@@ -214,12 +217,13 @@ def preset_names() -> list[str]:
 
 
 def load_config(path: str | Path) -> HarnessConfig:
+    """A TOML config, read with a size limit; shape fields must be spelled out (limits.REQUIRED_FIELDS)."""
+    from harness.limits import check_required, read_config_bytes
+
     path = Path(path)
+    raw = read_config_bytes(path)
     try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
-    try:
+        check_required(msgspec.toml.decode(raw), path.name)
         cfg = msgspec.toml.decode(raw, type=HarnessConfig)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise ConfigError(f"invalid config {path.name}: {e}") from None

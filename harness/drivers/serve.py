@@ -83,6 +83,9 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
     from harness.workers.encoder_worker import check_sink_spec
 
     check_sink_spec(cfg.runtime.sink)  # a bad sink fails here, not as a dead encoder after launch
+    from harness.limits import check_fits
+
+    memory_estimate = check_fits(cfg, device_memory(cfg))  # before the ring or any rank takes memory
     hookset = parse_hooks(opts.hooks)
     opts = ServeOptions(**{**opts.__dict__, "hooks": hookset.items()})
     run_dir = new_run_dir(opts.out, cfg.name)
@@ -94,7 +97,8 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
     results: list[SessionResult] = []
     status, error, probes = "running", None, {}
     man = manifest(cfg, candidates=opts.candidates, hooks=opts.hooks, placement=None, devices=None,
-                   extra={"status": status, "ring": {"slots": cfg.runtime.ring_slots, "slot_bytes": ring.spec.slot_bytes}})
+                   extra={"status": status, "ring": {"slots": cfg.runtime.ring_slots, "slot_bytes": ring.spec.slot_bytes},
+                          "memory_estimate_bytes": memory_estimate})
     man["protocol"].update(opts.protocol, window=msgspec.to_builtins(window_for(cfg.video.chunks_per_session)))
     write_json(run_dir / "manifest.json", man)
 
@@ -157,6 +161,20 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
         man.update(status=status, error=error)
         write_json(run_dir / "manifest.json", man)
     return ServeResult(run_dir, results, summary, prefix, pids)
+
+
+def device_memory(cfg: HarnessConfig) -> int | None:
+    """Bytes of the smallest GPU the DiT ranks use (None on CPU, or when no GPU is visible here)."""
+    if cfg.runtime.device != "cuda":
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    n = torch.cuda.device_count()
+    idx = cfg.parallel.dit_devices or tuple(range(cfg.parallel.sp))
+    sizes = [torch.cuda.get_device_properties(i).total_memory for i in idx if 0 <= i < n]
+    return min(sizes) if sizes else None
 
 
 def make_launcher(opts: ServeOptions, cfg: HarnessConfig, run_dir: str, ring_spec: dict):

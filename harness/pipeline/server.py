@@ -526,6 +526,10 @@ class StreamServer:
         if msg.image is not None:
             return self._reject(conn, "conditioning images from clients are not supported yet "
                                       "(a session is conditioned on the synthetic image of its seed)")
+        from harness.limits import session_frames_error
+
+        if err := session_frames_error(msg.chunks or cfg.video.chunks_per_session, cfg.video.frames_per_chunk):
+            return self._reject(conn, err)  # refused here, not as a dead DiT rank chunks later
         timeout = min(msg.action_timeout_s or self.opts.action_timeout_s, self.opts.action_timeout_s)
         sess = _Session(conn, msg, chunks=msg.chunks or cfg.video.chunks_per_session,
                         frames_per_chunk=cfg.video.frames_per_chunk, window=self.opts.window,
