@@ -45,7 +45,7 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dit-gpus", type=_gpu_list, help="GPU index per DiT rank, e.g. 0,1 (default: rank r on GPU r)")
     g.add_argument("--vae-gpus", type=_gpu_list, help="GPU index per VAE rank, e.g. 2,3 for separate placement")
     add_set_option(g)
-    g.add_argument("--out", help="run directory (default runs/<run_id>)")
+    g.add_argument("--out", help="run directory (default runs/<run_id>); an existing non-empty one is refused")
     g.add_argument("--no-progress", action="store_true")
 
 
@@ -142,7 +142,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from harness.experiments.protocols import protocol_lines, run_protocol
 
     cfg = resolve_config(args)
-    res = run_protocol(args.protocol, cfg, ServeOptions(out=args.out, candidates=tuple(args.candidate),
+    res = run_protocol(args.protocol, cfg, ServeOptions(out=args.out, overwrite=args.overwrite, candidates=tuple(args.candidate),
                                                         hooks=parse_hooks(args.hooks), progress=not args.no_progress,
                                                         **launcher_options(args)),
                        sessions=args.sessions)
@@ -209,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--protocol", choices=["timing", "long-tail"], default="timing",
                     help="timing: 1 warm-up + measured sessions; long-tail: 1 warm-up + 250 sessions (unless --sessions) "
                          "and the slowest samples broken down by stage")
+    sp.add_argument("--overwrite", action="store_true", help="clear an existing run directory at --out first")
     add_listen_options(sp)
     sp.set_defaults(fn=cmd_serve)
 
@@ -307,17 +308,21 @@ def _lazy(module: str, attr: str):
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if argv is None:  # the process's own command line: SIGINT/SIGTERM stop it even if its parent ignored SIGINT
+        from harness.drivers.signals import install
+
+        install()
     try:
         return int(args.fn(args) or 0)
     except HarnessError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"error: {msg}", file=sys.stderr)
-        from harness.drivers.launcher import RankFailed
+        from harness.errors import RunFailed
 
-        return EXIT_FAIL if isinstance(e, RankFailed) else EXIT_USAGE
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_FAIL if isinstance(e, RunFailed) else EXIT_USAGE
+    except KeyboardInterrupt as e:
+        print(f"interrupted ({e})" if str(e) else "interrupted", file=sys.stderr)
+        return 128 + getattr(e, "signum", 2)
 
 
 if __name__ == "__main__":

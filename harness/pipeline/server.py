@@ -550,10 +550,9 @@ class StreamServer:
 def listen_main(args) -> int:
     """``serve --listen``: launch the topology, serve clients until stopped (SIGTERM/SIGINT) or
     ``--sessions`` sessions have been served, then tear down like any serve."""
-    import signal
-
     from harness.cli import parse_hooks, resolve_config
     from harness.drivers.serve import ServeOptions, serve
+    from harness.drivers.signals import install as install_stop
 
     cfg = resolve_config(args)
     if args.sink not in (None, "stream"):
@@ -575,9 +574,8 @@ def listen_main(args) -> int:
                        window=args.window or ListenOptions.window,
                        action_timeout_s=args.action_timeout or ListenOptions.action_timeout_s)
     server = StreamServer(lo)
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: server.stop("server shutting down (SIGTERM)"))
-    res = serve(cfg, ServeOptions(out=args.out, candidates=tuple(args.candidate), hooks=parse_hooks(args.hooks),
+    install_stop(on_stop=server.stop)  # SIGINT and SIGTERM alike: the running session is cancelled, then teardown
+    res = serve(cfg, ServeOptions(out=args.out, overwrite=getattr(args, "overwrite", False), candidates=tuple(args.candidate), hooks=parse_hooks(args.hooks),
                                   progress=False, faults=faults, probes=False, session_runner=server,
                                   protocol={"name": "websocket", "listen": args.listen, "window": lo.window}))
     print(f"run directory: {res.run_dir}")
