@@ -127,6 +127,11 @@ def add_listen_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-remote", action="store_true", help="allow --listen on a non-loopback address")
     g.add_argument("--window", type=int, help="chunks sent to a client and not yet acknowledged (default 2)")
     g.add_argument("--action-timeout", type=float, help="seconds to wait for a chunk's actions before cancelling (default 10)")
+    g.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="accept WebSocket requests from this Origin too (repeatable; '*' skips the Origin/Host check)")
+    g.add_argument("--idle-timeout", type=float, help="seconds a connection may stay silent without a session (default 30)")
+    g.add_argument("--warmup-chunks", type=int, help="chunks generated before 'listening' (default: a whole session "
+                   "in compiled mode, 1 on CUDA, 0 on CPU)")
     g.add_argument("--fault", action="append", default=[], help=argparse.SUPPRESS)  # ROLE:RANK=die-at-chunk:N (scenarios)
 
 

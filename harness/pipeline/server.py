@@ -38,6 +38,7 @@ from harness.errors import HarnessError
 from harness.pipeline import wsproto as W
 
 PATH = "/session"
+HEALTH_PATH = "/healthz"
 
 
 def now() -> int:
@@ -56,6 +57,12 @@ class ListenOptions:
     max_message_bytes: int = W.MAX_CONTROL_BYTES
     max_errors: int = 32  # rejected messages before a connection is closed (policy violation)
     max_backlog: int = 64  # answers queued to a client that does not read them before it is closed
+    #: a connection without a running session that sends nothing for this long is closed; so is a
+    #: TCP connection that sends no complete HTTP request within it (aiohttp's keep-alive timer)
+    idle_timeout_s: float = 30.0
+    heartbeat_s: float = 10.0  # WebSocket ping period; no pong within half of it closes a half-open peer
+    allow_origins: tuple[str, ...] = ()  # Origins accepted besides the listen address ("*": any Origin and Host)
+    warmup_chunks: int = 0  # chunks generated before "listening" (compilation, allocator, autotuning)
     on_listening: Callable[[str, int], None] | None = None
 
 
@@ -81,6 +88,50 @@ def parse_listen(text: str, allow_remote: bool = False) -> tuple[str, int]:
     return host, port
 
 
+def origin_error(host: str | None, origin: str | None, listen: tuple[str, int] | None,
+                 allowed: tuple[str, ...]) -> str | None:
+    """Why a WebSocket request is refused (a web page's Origin, a rebound Host name), or None.
+
+    Host must name the listen address (any loopback name when it is a loopback address; any name
+    on a wildcard bind) with its port; an Origin, when the client sends one (browsers do, other
+    clients do not), must be ``http(s)://`` that same address or one of ``allowed``."""
+    if "*" in allowed or listen is None:
+        return None
+    lhost, lport = listen
+    loop_names = {"127.0.0.1", "localhost", "::1", "[::1]"}
+    try:
+        wildcard = ipaddress.ip_address(lhost).is_unspecified
+        names = loop_names if ipaddress.ip_address(lhost).is_loopback else {lhost, f"[{lhost}]"}
+    except ValueError:
+        wildcard, names = False, loop_names if lhost == "localhost" else {lhost}
+
+    def matches(hostport: str) -> bool:
+        name, sep, port = hostport.rpartition(":")
+        if not sep or not port.isdigit() or int(port) != lport:
+            return False
+        return wildcard or name.lower() in names
+
+    if not host or not matches(host):
+        return f"Host {host!r} is not this server's address ({lhost}:{lport}); add --allow-origin '*' behind a proxy"
+    if origin is not None and origin not in allowed:
+        scheme, sep, rest = origin.partition("://")
+        if scheme not in ("http", "https") or not sep or not matches(rest.rstrip("/")):
+            return f"Origin {origin!r} is not allowed (add --allow-origin {origin} to let that page in)"
+    return None
+
+
+def warm_up(ctx, chunks: int) -> None:
+    """Generate ``chunks`` chunks nobody receives before the port opens, so the first client gets
+    steady-state speed (compiled mode compiles and records graphs in its first chunks). Nothing is
+    written to the run directory and nothing is saved: the epoch is outside every saved epoch."""
+    original = ctx.driver.on_chunk
+    ctx.driver.on_chunk = None
+    try:
+        ctx.driver.run_session(session=0, epoch=-1, seed=0, chunks=chunks)
+    finally:
+        ctx.driver.on_chunk = original
+
+
 class _Conn:
     """One WebSocket, as the driver thread sees it: a thread-safe outbox."""
 
@@ -91,9 +142,12 @@ class _Conn:
         self.session: _Session | None = None
         self.errors = 0
         self.drained = asyncio.Event()  # the pump has sent everything queued before its None
+        #: chunks whose media the transport has taken (written to the socket, or below its high-water
+        #: mark): only these may be acknowledged, so the window bounds bytes in flight, not promises
+        self.written: set[int] = set()
 
-    def post(self, item: str | bytes | None) -> None:
-        """Queue a text (str) or binary (bytes) frame; None ends the pump. Callable from any thread."""
+    def post(self, item: str | tuple[int, bytes] | None) -> None:
+        """Queue a text frame (str) or chunk c's media ((c, bytes)); None ends the pump. Any thread."""
         if not self.open and item is not None:
             return
         try:
@@ -108,8 +162,9 @@ class _Conn:
                 if item is None:
                     return
                 try:
-                    if isinstance(item, bytes):
-                        await self.ws.send_bytes(item)  # awaits the socket draining: TCP backpressure
+                    if isinstance(item, tuple):
+                        await self.ws.send_bytes(item[1])  # awaits the socket draining: TCP backpressure
+                        self.written.add(item[0])
                     else:
                         await self.ws.send_str(item)
                 except (ConnectionError, RuntimeError):
@@ -166,6 +221,8 @@ class _Session:
         with self.cond:
             if msg.chunk not in self.sent:
                 return f"ack for chunk {msg.chunk}, which was not sent"
+            if msg.chunk not in self.conn.written:
+                return f"ack for chunk {msg.chunk} before its media left the server (acknowledge what you have read)"
             if msg.chunk in self.acks:
                 return f"chunk {msg.chunk} was already acknowledged"
             self.acks[msg.chunk] = (msg.received_ns, t)
@@ -221,7 +278,7 @@ class _Session:
                         session=ev.session, chunk=ev.chunk, frames=ev.frames, nbytes=len(msg.media),
                         pixel_sha256=msg.pixel_sha256, frame_sha256=list(msg.frame_sha256),
                         event={k: v for k, v in msgspec.to_builtins(ev).items() if k not in ("delivered",)})))
-                    self.conn.post(bytes(msg.media))
+                    self.conn.post((ev.chunk, bytes(msg.media)))
                     self.sent.append(ev.chunk)
                     self.frames_sent += ev.frames
                     self.max_unacked = max(self.max_unacked, len(self.sent) - len(self.acks))
@@ -296,6 +353,10 @@ class StreamServer:
     # ---- driver thread -------------------------------------------------------------------------
     def __call__(self, ctx) -> None:
         self.cfg = ctx.cfg
+        if self.opts.warmup_chunks and not self._stop.is_set():
+            warm_up(ctx, self.opts.warmup_chunks)
+        if self._stop.is_set():
+            return
         self._start_network()
         try:
             while not self._stop.is_set():
@@ -400,7 +461,8 @@ class StreamServer:
 
         app = web.Application()
         app.router.add_get(PATH, self._handle)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        app.router.add_get(HEALTH_PATH, self._health)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, keepalive_timeout=self.opts.idle_timeout_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.opts.host, self.opts.port)
         await site.start()
@@ -444,10 +506,24 @@ class StreamServer:
         if self._thread is not None:
             self._thread.join(15)
 
+    async def _health(self, request):
+        """Readiness for load balancers: 200 once warm and serving (the port is bound only then), 503 when stopping."""
+        from aiohttp import web
+
+        stopping = self._stop.is_set()
+        body = {"status": "stopping" if stopping else "ready", "busy": self._active is not None,
+                "sessions_served": self._served, "preset": self.cfg.name if self.cfg else ""}
+        return web.json_response(body, status=503 if stopping else 200)
+
     async def _handle(self, request):
         from aiohttp import WSMsgType, web
 
-        ws = web.WebSocketResponse(max_msg_size=self.opts.max_message_bytes, autoping=True, compress=False)
+        refused = origin_error(request.headers.get("Host"), request.headers.get("Origin"), self.address,
+                               self.opts.allow_origins)
+        if refused:
+            return web.Response(status=403, text=refused + "\n")
+        ws = web.WebSocketResponse(max_msg_size=self.opts.max_message_bytes, autoping=True, compress=False,
+                                   heartbeat=self.opts.heartbeat_s)
         await ws.prepare(request)
         if len(self._conns) >= self.opts.max_connections:
             await ws.send_str(W.encode(W.Busy(message=f"too many connections (limit {self.opts.max_connections})")))
@@ -457,7 +533,19 @@ class StreamServer:
         self._conns.add(conn)
         pump_task = asyncio.create_task(conn.pump())
         try:
-            async for m in ws:
+            while True:
+                idle = conn.session is None or self._active is not conn.session  # a session has its own timeouts
+                try:
+                    m = await ws.receive(timeout=self.opts.idle_timeout_s if idle else None)
+                except asyncio.TimeoutError:
+                    conn.post(W.encode(W.Error(message=f"no message for {self.opts.idle_timeout_s:g} s "
+                                                       "without a running session; closing")))
+                    conn.post(None)
+                    await asyncio.wait_for(conn.drained.wait(), 5.0)
+                    await ws.close(code=1001, message=b"idle timeout")
+                    break
+                if m.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                    break
                 if m.type == WSMsgType.TEXT:
                     self._dispatch(conn, m.data)
                 elif m.type == WSMsgType.BINARY:
@@ -515,6 +603,8 @@ class StreamServer:
         elif isinstance(msg, W.StatusRequest):
             with self._lock:
                 busy, last = self._active is not None, self._last
+            if last is None or s is None or s.index != last.session:
+                last = None  # a session's outcome is its own client's business
             conn.post(W.encode(W.Status(preset=self.cfg.name, busy=busy, sessions_served=self._served, last=last)))
 
     def _start(self, conn: _Conn, msg: W.Start) -> None:
@@ -572,15 +662,33 @@ def listen_main(args) -> int:
 
     lo = ListenOptions(host=host, port=port, max_sessions=args.sessions, on_listening=announce,
                        window=args.window or ListenOptions.window,
-                       action_timeout_s=args.action_timeout or ListenOptions.action_timeout_s)
+                       action_timeout_s=args.action_timeout or ListenOptions.action_timeout_s,
+                       **hardening_options(args, cfg))
     server = StreamServer(lo)
     install_stop(on_stop=server.stop)  # SIGINT and SIGTERM alike: the running session is cancelled, then teardown
     res = serve(cfg, ServeOptions(out=args.out, overwrite=getattr(args, "overwrite", False), candidates=tuple(args.candidate), hooks=parse_hooks(args.hooks),
                                   progress=False, faults=faults, probes=False, session_runner=server,
-                                  protocol={"name": "websocket", "listen": args.listen, "window": lo.window}))
+                                  protocol={"name": "websocket", "listen": args.listen, "window": lo.window,
+                                            "warmup_chunks": lo.warmup_chunks, "idle_timeout_s": lo.idle_timeout_s}))
     print(f"run directory: {res.run_dir}")
     print(f"  sessions served: {len(res.sessions)} ({sum(r.cancelled for r in res.sessions)} cancelled)")
     return 0
+
+
+def hardening_options(args, cfg) -> dict:
+    """ListenOptions fields from --allow-origin, --idle-timeout and --warmup-chunks (checked here)."""
+    idle = getattr(args, "idle_timeout", None)
+    if idle is not None and not 0 < idle <= 3600:
+        raise HarnessError(f"--idle-timeout must be in (0, 3600] s, got {idle}")
+    warm = getattr(args, "warmup_chunks", None)
+    if warm is None:
+        warm = cfg.video.chunks_per_session if cfg.runtime.mode == "compiled" else int(cfg.runtime.device == "cuda")
+    from harness.limits import max_chunks
+
+    if not 0 <= warm <= max_chunks(cfg.video.frames_per_chunk):
+        raise HarnessError(f"--warmup-chunks must be in 0-{max_chunks(cfg.video.frames_per_chunk)}, got {warm}")
+    return {"allow_origins": tuple(getattr(args, "allow_origin", None) or ()), "warmup_chunks": warm,
+            "idle_timeout_s": idle or ListenOptions.idle_timeout_s}
 
 
 def parse_fault(text: str) -> tuple[str, str]:
