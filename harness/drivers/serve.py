@@ -146,8 +146,9 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
             ring.unlink()
         if events_f is not None:
             events_f.close()
-        if status == "complete" and (sig := signals_received()):
-            status, error = "interrupted", f"stopped by {sig}"  # a graceful stop (serve --listen)
+        # serve --listen ends by a signal as its normal way out (graceful: the live session is
+        # cancelled, the rest served): complete, and the manifest says which signal
+        man["stopped_by"] = signals_received()
         ran_ok = status == "complete"
         summary, unwritten = {}, None
         try:

@@ -25,7 +25,10 @@ Capacity is one session: a ``start`` while another is pending or running gets ``
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ipaddress
+import os
+import secrets
 import queue
 import threading
 import time
@@ -118,6 +121,13 @@ def origin_error(host: str | None, origin: str | None, listen: tuple[str, int] |
         if scheme not in ("http", "https") or not sep or not matches(rest.rstrip("/")):
             return f"Origin {origin!r} is not allowed (add --allow-origin {origin} to let that page in)"
     return None
+
+
+def write_token(path, token: str) -> None:
+    """Readable by the server's user only: whoever can read it may read any session's outcome."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
 
 
 def warm_up(ctx, chunks: int) -> None:
@@ -341,6 +351,7 @@ class StreamServer:
         self._runner = None
         self.address: tuple[str, int] | None = None
         self.cfg = None
+        self.operator_token = secrets.token_hex(16)
 
     # ---- control from other threads ------------------------------------------------------------
     def stop(self, reason: str = "server shutting down") -> None:
@@ -353,6 +364,7 @@ class StreamServer:
     # ---- driver thread -------------------------------------------------------------------------
     def __call__(self, ctx) -> None:
         self.cfg = ctx.cfg
+        write_token(ctx.run_dir / "operator.token", self.operator_token)
         if self.opts.warmup_chunks and not self._stop.is_set():
             warm_up(ctx, self.opts.warmup_chunks)
         if self._stop.is_set():
@@ -603,8 +615,9 @@ class StreamServer:
         elif isinstance(msg, W.StatusRequest):
             with self._lock:
                 busy, last = self._active is not None, self._last
-            if last is None or s is None or s.index != last.session:
-                last = None  # a session's outcome is its own client's business
+            owner = s is not None and last is not None and s.index == last.session
+            if not owner and not hmac.compare_digest(msg.token, self.operator_token):
+                last = None  # a session's outcome is its own client's business (and the operator's)
             conn.post(W.encode(W.Status(preset=self.cfg.name, busy=busy, sessions_served=self._served, last=last)))
 
     def _start(self, conn: _Conn, msg: W.Start) -> None:
