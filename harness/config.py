@@ -129,6 +129,9 @@ class RuntimeConfig(_Section):
     sink: str = "file"  # file | null | throttled:FPS (a slow consumer reading FPS frames/s)
     save_epochs: tuple[int, ...] = (0, 1)
     rank_timeout_s: float = 600.0
+    #: a stage that owes the driver a reply and sends nothing for this long is reported as stalled
+    #: (stderr at once, the summary's ``stalls``); the run goes on until rank_timeout_s gives up
+    stall_report_s: float = 10.0
 
 
 class HarnessConfig(_Section):

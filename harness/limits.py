@@ -97,8 +97,9 @@ def check_shapes(cfg) -> None:
             raise ConfigError(f"{name} = {value} is outside 1-4096")
     if not (c.sink_frames >= 0 and c.block_size >= 0 and 1 <= c.window_frames <= ROPE_MAX_FRAMES):
         raise ConfigError(f"cache: sink_frames and block_size must be ≥ 0, window_frames in 1-{ROPE_MAX_FRAMES}")
-    if not (m.eps > 0 and r.rank_timeout_s > 0 and cfg.schedule.num_train_timesteps >= 1):
-        raise ConfigError("model.eps, runtime.rank_timeout_s and schedule.num_train_timesteps must be positive")
+    if not (m.eps > 0 and r.rank_timeout_s > 0 and r.stall_report_s > 0 and cfg.schedule.num_train_timesteps >= 1):
+        raise ConfigError("model.eps, runtime.rank_timeout_s, runtime.stall_report_s and "
+                          "schedule.num_train_timesteps must be positive")
     if not all(0 <= t <= cfg.schedule.num_train_timesteps for t in cfg.schedule.timesteps) or len(cfg.schedule.timesteps) > 1000:
         raise ConfigError(f"schedule.timesteps must lie in 0-{cfg.schedule.num_train_timesteps} (at most 1000 steps)")
     if err := session_frames_error(v.chunks_per_session, v.frames_per_chunk):

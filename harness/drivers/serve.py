@@ -152,7 +152,7 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
         ran_ok = status == "complete"
         summary, unwritten = {}, None
         try:
-            summary = _finish(run_dir, cfg, results, status, error, probes, opts)
+            summary = _finish(run_dir, cfg, results, status, error, probes, opts, driver.stalls if driver else [])
         except OSError as e:  # e.g. a full disk: say so, and claim no summary
             unwritten = f"summary not written: {e.strerror or e}"
             (run_dir / "summary.json").unlink(missing_ok=True)
@@ -236,7 +236,7 @@ def make_launcher(opts: ServeOptions, cfg: HarnessConfig, run_dir: str, ring_spe
 
 
 def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], status: str, error: str | None,
-            probes: dict, opts: ServeOptions) -> dict:
+            probes: dict, opts: ServeOptions, stalls: list[dict] = ()) -> dict:
     from harness.measure.events import read_events
     from harness.measure.summary import build_summary
 
@@ -257,6 +257,10 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
     summary["candidates"] = list(opts.candidates)
     summary["probes"] = probes
     summary["sessions_completed"] = len(results)
+    summary["stalls"] = list(stalls)
+    summary["stall_report_s"] = cfg.runtime.stall_report_s
+    if stalls:
+        summary.setdefault("flags", []).append("stalled")
     summary["protocol"] = opts.protocol.get("name", "timing")
     if opts.summary_extra is not None and events:
         try:

@@ -152,4 +152,24 @@ def test_a_full_disk_leaves_a_failed_manifest_and_no_summary(tmp_path):
     assert not list(out.rglob("*.tmp")), "a half-written file is left"
 
 
-HOSTILE_INPUTS = len(STOPS) + 1 + 2 + 1
+HOSTILE_INPUTS = len(STOPS) + 1 + 2 + 1 + 1
+
+
+def test_a_stalled_worker_is_reported_within_the_bound_and_shows_in_the_summary(tmp_path, capfd):
+    """A VAE rank that stops making progress for 4 s (alive, not dead) is reported after the 1 s
+    bound (plus at most one 1 s poll), long before rank_timeout_s; the run still completes with
+    the frames of a clean run, and the summary lists the stall."""
+    cfg = override(load_preset("tiny"), runtime={"sessions": 1, "stall_report_s": 1.0}, video={"chunks_per_session": 3})
+    clean = serve(cfg, ServeOptions(out=str(tmp_path / "clean"), progress=False, probes=False))
+    assert clean.summary["stalls"] == [] and "stalled" not in clean.summary.get("flags", [])
+    res = serve(cfg, ServeOptions(out=str(tmp_path / "stall"), progress=False, probes=False,
+                                  faults={"vae:0": "stall-at-chunk:1:4"}))
+    # a loaded 2-core box can stretch an ordinary decode past 1 s too: the injected stall is the long one
+    stalls = [s for s in res.summary["stalls"] if s["lasted_s"] >= 3.0]
+    assert len(stalls) == 1 and stalls[0]["stage"] == "vae" and stalls[0]["chunk"] == 1, res.summary["stalls"]
+    assert 1.0 <= stalls[0]["reported_after_s"] <= 1.0 + 1.0 + 0.5  # bound + one poll period (+ scheduling)
+    assert "stalled" in res.summary["flags"] and res.summary["stall_report_s"] == 1.0
+    assert "stall: vae made no progress" in capfd.readouterr().err
+    assert res.summary["status"] == "complete"
+    hashes = [(r / "outputs" / "hashes.jsonl").read_text() for r in (clean.run_dir, res.run_dir)]
+    assert hashes[0] == hashes[1]  # the stall changed no frame
