@@ -277,6 +277,17 @@ def leak_checks(report: Report, pids: list[int], ring_prefix: str | None) -> Non
 
 
 # ---- the websocket server ------------------------------------------------------------------------
+def _stop_with_parent() -> None:
+    """In the server child before exec: SIGTERM it (a graceful stop) if this process dies first,
+    so a scenario stopped by a signal leaves no server behind."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class ServerProcess:
     """``python -m harness serve --listen 127.0.0.1:0`` as a subprocess, for the scenarios and tests."""
 
@@ -288,7 +299,7 @@ class ServerProcess:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self._err = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(self.argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=self._err,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_stop_with_parent)
         self.stdout_lines: list[str] = []
         deadline = time.monotonic() + start_timeout_s
         self.url = None
