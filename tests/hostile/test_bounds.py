@@ -90,6 +90,3 @@ def test_memory_estimate_scales_with_the_model():
     tiny, full = estimate_bytes(load_preset("tiny")), estimate_bytes(load_preset("lingbot-480x832"))
     assert tiny["dit_rank"] < 2**20 < 40 * 2**30 < full["dit_rank"] < 141 * 2**30  # full model fits one H200
 
-
-#: hostile or malformed inputs this module tries (reported with the suite's count)
-HOSTILE_INPUTS = len(BAD_SERVE) + 1 + 3 + 1

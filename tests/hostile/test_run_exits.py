@@ -152,8 +152,6 @@ def test_a_full_disk_leaves_a_failed_manifest_and_no_summary(tmp_path):
     assert not list(out.rglob("*.tmp")), "a half-written file is left"
 
 
-HOSTILE_INPUTS = len(STOPS) + 1 + 2 + 1 + 1
-
 
 def test_a_stalled_worker_is_reported_within_the_bound_and_shows_in_the_summary(tmp_path, capfd):
     """A VAE rank that stops making progress for 4 s (alive, not dead) is reported after the 1 s
