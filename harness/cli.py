@@ -89,7 +89,8 @@ def resolve_config(args: argparse.Namespace):
     )
     from harness.candidates.explicit import refuse_rewrites
 
-    refuse_rewrites([*getattr(args, "candidate", []), *getattr(args, "baseline", [])], cfg, explicit_fields(args))
+    specs = dict.fromkeys([*getattr(args, "candidate", []), *getattr(args, "baseline", [])])  # compare names repeats itself
+    refuse_rewrites(list(specs), cfg, explicit_fields(args))
     return cfg
 
 

@@ -226,8 +226,8 @@ def load_config(path: str | Path) -> HarnessConfig:
     path = Path(path)
     raw = read_config_bytes(path)
     try:
+        cfg = msgspec.toml.decode(raw, type=HarnessConfig)  # unknown keys and wrong types first: the sharper error
         check_required(msgspec.toml.decode(raw), path.name)
-        cfg = msgspec.toml.decode(raw, type=HarnessConfig)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise ConfigError(f"invalid config {path.name}: {e}") from None
     return validate(cfg)
