@@ -252,7 +252,28 @@ class _Session:
     def should_cancel(self, _start_ns: int, _stamps) -> bool:
         return self.reason is not None
 
+    def contain(self, err: Exception) -> None:
+        """A failure in this session's own code (its client, its messages) cancels this session
+        only: the driver then ends it through the ordinary cancel path, which frees its KV blocks,
+        ring slots and media, and the server goes on serving."""
+        self.cancel(f"session failed: {W.one_line(f'{type(err).__name__}: {err}')}")
+
     def actions_for(self, chunk: int) -> list[str]:
+        try:
+            return self._actions_for(chunk)
+        except Exception as e:
+            self.contain(e)
+            return [""] * self.frames_per_chunk  # generated and discarded, like any cancelled chunk
+
+    def on_chunk(self, ev, msg) -> None:
+        try:
+            self._on_chunk(ev, msg)
+        except Exception as e:
+            self.contain(e)
+            with self.cond:
+                self.events.setdefault(ev.chunk, ev)  # its row is still written
+
+    def _actions_for(self, chunk: int) -> list[str]:
         with self.cond:
             if chunk not in self.actions and self.reason is None:
                 self.conn.post(W.encode(W.NeedActions(session=self.index, chunk=chunk)))
@@ -268,7 +289,7 @@ class _Session:
         # A cancelled session's chunk is generated and discarded by the driver: any valid actions do.
         return acts if acts is not None else [""] * self.frames_per_chunk
 
-    def on_chunk(self, ev, msg) -> None:
+    def _on_chunk(self, ev, msg) -> None:
         """Driver callback per chunk: forward its media within the window, keep its event."""
         blocked = 0
         if msg is not None and msg.encoded is not None and msg.media:

@@ -203,3 +203,33 @@ def test_server_stops_and_leaves_nothing_behind(server):
     assert man["status"] == "complete" and man["stopped_by"] == "SIGTERM"
     assert "Traceback" not in server.stderr()
     print(f"hostile inputs tried by this module: {len(HOSTILE)}")
+
+
+def test_a_failure_in_a_sessions_own_code_cancels_that_session_only():
+    """A session whose connection raises while the driver forwards its media (or asks its actions)
+    is cancelled with the reason; nothing propagates into the driver, which ends the session
+    through the ordinary cancel path and keeps serving."""
+    from harness.pipeline.server import _Session
+
+    class BrokenConn:
+        open, written = True, set()
+
+        def post(self, item) -> None:
+            raise RuntimeError("socket exploded")
+
+    HOSTILE.append("connection raising mid-session")
+    sess = _Session(BrokenConn(), W.Start(preset="tiny", seed=0), chunks=3, frames_per_chunk=3, window=1,
+                    action_timeout_s=1.0, stall_timeout_s=1.0)
+    assert sess.actions_for(0) == [""] * 3
+    assert sess.reason == "session failed: RuntimeError: socket exploded" and sess.should_cancel(0, [])
+
+    class Msg:
+        encoded, media, pixel_sha256, frame_sha256 = 1, b"x", "", []
+
+    class Ev:
+        session, chunk, frames, blocked_ns = 0, 0, 9, {}
+
+    sess2 = _Session(BrokenConn(), W.Start(preset="tiny", seed=0), chunks=3, frames_per_chunk=3, window=1,
+                     action_timeout_s=1.0, stall_timeout_s=1.0)
+    sess2.on_chunk(Ev(), Msg())  # must not raise
+    assert sess2.reason.startswith("session failed:") and 0 in sess2.events
