@@ -9,6 +9,8 @@ rather than running forever.
 Ring segments are named ``<prefix>-<owner pid>-<hex>-{ctl,data}`` (pipeline/ring.py), so a later
 start can tell whose they are and unlink those whose owner is gone (``reap_dead_rings``): the
 resource tracker cleans up after a SIGKILLed owner, but not when the whole process group died.
+Owner pids are read in this process's PID namespace: hosts whose containers share ``/dev/shm``
+but not their PID namespace must give each container its own ``/dev/shm``.
 """
 
 from __future__ import annotations
