@@ -21,7 +21,7 @@ from harness.drivers.procwatch import shm_names, wait_gone
 from harness.experiments.scenarios import ServerProcess
 from harness.measure.events import read_events
 from harness.pipeline import wsproto as W
-from harness.pipeline.server import origin_error
+from harness.pipeline.guards import origin_error
 
 IDLE_S = 2.0
 SEED, CHUNKS = 11, 2
