@@ -56,6 +56,13 @@ def test_bad_serve_options_are_one_line_exit_2_before_anything_starts(argv, why,
     assert {n for n in os.listdir("/dev/shm") if n.startswith(f"harness-{os.getpid()}-")} - shm == set()
 
 
+@pytest.mark.parametrize("command", [["bench-engine"], ["ab-engine", "--candidate", "H1a"]])
+def test_engine_commands_bound_chunks_by_the_position_table(command, capsys):
+    assert cli.main([*command, "--chunks", "400"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --chunks 400: ") and "position table holds 1024" in err and "\n" not in err
+
+
 def test_websocket_start_is_bounded_by_the_position_table():
     from harness.limits import max_chunks, session_frames_error
 
