@@ -49,6 +49,12 @@ def session_frames_error(chunks: int, frames_per_chunk: int) -> str | None:
     return None
 
 
+def check_chunks_option(chunks: int | None, frames_per_chunk: int) -> None:
+    """A command's ``--chunks`` (None: the preset's, already checked with the config)."""
+    if chunks and (err := session_frames_error(chunks, frames_per_chunk)):
+        raise ConfigError(f"--chunks {chunks}: {err}")
+
+
 def max_chunks(frames_per_chunk: int) -> int:
     return ROPE_MAX_FRAMES // max(frames_per_chunk, 1)
 

@@ -282,10 +282,9 @@ def main(args) -> int:
     for name in ("chunks", "sessions"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise HarnessError(f"--{name} must be ≥ 1")
-    from harness.limits import session_frames_error
+    from harness.limits import check_chunks_option
 
-    if args.chunks and (err := session_frames_error(args.chunks, cfg.video.frames_per_chunk)):
-        raise HarnessError(f"--chunks {args.chunks}: {err}")  # up front, not in a rank minutes later
+    check_chunks_option(args.chunks, cfg.video.frames_per_chunk)  # up front, not in a rank minutes later
     if args.flops_only:
         print(json.dumps(count_steady_flops(cfg)))
         return 0

@@ -163,10 +163,9 @@ def main(args) -> int:
     cfg = override(base_config(args), parallel={"sp": args.sp}, runtime={"device": args.device, "mode": args.mode})
     if args.pairs < 1 or (args.chunks is not None and args.chunks < 1):
         raise HarnessError("--pairs and --chunks must be ≥ 1")
-    from harness.limits import session_frames_error
+    from harness.limits import check_chunks_option
 
-    if args.chunks and (err := session_frames_error(args.chunks, cfg.video.frames_per_chunk)):
-        raise HarnessError(f"--chunks {args.chunks}: {err}")  # up front, not in a rank minutes later
+    check_chunks_option(args.chunks, cfg.video.frames_per_chunk)  # up front, not in a rank minutes later
     if not args.candidate:
         raise HarnessError("ab-engine needs --candidate ID")
     if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
