@@ -45,7 +45,7 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dit-gpus", type=_gpu_list, help="GPU index per DiT rank, e.g. 0,1 (default: rank r on GPU r)")
     g.add_argument("--vae-gpus", type=_gpu_list, help="GPU index per VAE rank, e.g. 2,3 for separate placement")
     add_set_option(g)
-    g.add_argument("--out", help="run directory (default runs/<run_id>)")
+    g.add_argument("--out", help="run directory (default runs/<run_id>); an existing non-empty one is refused")
     g.add_argument("--no-progress", action="store_true")
 
 
@@ -77,7 +77,7 @@ def resolve_config(args: argparse.Namespace):
         v = getattr(args, name, None)
         if v is not None and v < 1:
             raise HarnessError(f"--{name.replace('_', '-')} must be ≥ 1, got {v}")
-    return override(
+    cfg = override(
         cfg,
         parallel={"sp": args.sp, "vae_ranks": args.vae_ranks, "dit_devices": getattr(args, "dit_gpus", None),
                   "vae_devices": getattr(args, "vae_gpus", None)},
@@ -87,6 +87,26 @@ def resolve_config(args: argparse.Namespace):
             "device": args.device, "encoder": args.encoder, "sink": args.sink, "ring_slots": args.ring_slots,
         },
     )
+    from harness.candidates.explicit import refuse_rewrites
+
+    specs = dict.fromkeys([*getattr(args, "candidate", []), *getattr(args, "baseline", [])])  # compare names repeats itself
+    refuse_rewrites(list(specs), cfg, explicit_fields(args))
+    return cfg
+
+
+#: option → config field it sets, for refusing a candidate that would rewrite it
+_OPTION_FIELDS = {"scheduler": "runtime.scheduler", "mode": "runtime.mode", "device": "runtime.device",
+                  "encoder": "runtime.encoder", "sink": "runtime.sink", "ring_slots": "runtime.ring_slots",
+                  "sessions": "runtime.sessions", "seed": "runtime.seed", "sp": "parallel.sp",
+                  "vae_ranks": "parallel.vae_ranks", "chunks": "video.chunks_per_session"}
+
+
+def explicit_fields(args: argparse.Namespace) -> dict[str, str]:
+    """Config fields the user set on the command line (flags and --set), each with the option that set it."""
+    out = {key: f"--{name.replace('_', '-')}" for name, key in _OPTION_FIELDS.items() if getattr(args, name, None) is not None}
+    for item in getattr(args, "set", None) or []:
+        out[item.partition("=")[0].strip()] = f"--set {item}"
+    return out
 
 
 def launcher_options(args: argparse.Namespace) -> dict:
@@ -108,6 +128,11 @@ def add_listen_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-remote", action="store_true", help="allow --listen on a non-loopback address")
     g.add_argument("--window", type=int, help="chunks sent to a client and not yet acknowledged (default 2)")
     g.add_argument("--action-timeout", type=float, help="seconds to wait for a chunk's actions before cancelling (default 10)")
+    g.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="accept WebSocket requests from this Origin too (repeatable; '*' skips the Origin/Host check)")
+    g.add_argument("--idle-timeout", type=float, help="seconds a connection may stay silent without a session (default 30)")
+    g.add_argument("--warmup-chunks", type=int, help="chunks generated before 'listening' (default: a whole session "
+                   "in compiled mode, 1 on CUDA, 0 on CPU)")
     g.add_argument("--fault", action="append", default=[], help=argparse.SUPPRESS)  # ROLE:RANK=die-at-chunk:N (scenarios)
 
 
@@ -123,7 +148,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from harness.experiments.protocols import protocol_lines, run_protocol
 
     cfg = resolve_config(args)
-    res = run_protocol(args.protocol, cfg, ServeOptions(out=args.out, candidates=tuple(args.candidate),
+    res = run_protocol(args.protocol, cfg, ServeOptions(out=args.out, overwrite=args.overwrite, candidates=tuple(args.candidate),
                                                         hooks=parse_hooks(args.hooks), progress=not args.no_progress,
                                                         **launcher_options(args)),
                        sessions=args.sessions)
@@ -213,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--protocol", choices=["timing", "long-tail"], default="timing",
                     help="timing: 1 warm-up + measured sessions; long-tail: 1 warm-up + 250 sessions (unless --sessions) "
                          "and the slowest samples broken down by stage")
+    sp.add_argument("--overwrite", action="store_true", help="clear an existing run directory at --out first")
     add_listen_options(sp)
     sp.set_defaults(fn=cmd_serve)
 
@@ -341,17 +367,21 @@ def _lazy(module: str, attr: str):
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if argv is None:  # the process's own command line: SIGINT/SIGTERM stop it even if its parent ignored SIGINT
+        from harness.drivers.signals import install
+
+        install()
     try:
         return int(args.fn(args) or 0)
     except HarnessError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"error: {msg}", file=sys.stderr)
-        from harness.drivers.launcher import RankFailed
+        from harness.errors import RunFailed
 
-        return EXIT_FAIL if isinstance(e, RankFailed) else EXIT_USAGE
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_FAIL if isinstance(e, RunFailed) else EXIT_USAGE
+    except KeyboardInterrupt as e:
+        print(f"interrupted ({e})" if str(e) else "interrupted", file=sys.stderr)
+        return 128 + getattr(e, "signum", 2)
 
 
 if __name__ == "__main__":

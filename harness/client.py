@@ -277,14 +277,14 @@ async def _session(ws, *, preset: str, seed: int, chunks: int | None, prompt: st
         rep.play = playout([(h.frames, t) for h, t in zip(rep.headers, rep.receipts_ns)], fps, pre, rep.t_start_ns)
 
 
-async def status(url: str, timeout_s: float = 10.0) -> W.Status:
+async def status(url: str, timeout_s: float = 10.0, token: str = "") -> W.Status:
     import aiohttp
     from aiohttp import WSMsgType
 
     try:
         async with aiohttp.ClientSession() as http:
             async with http.ws_connect(url, max_msg_size=1 << 20) as ws:
-                await ws.send_str(W.encode(W.StatusRequest()))
+                await ws.send_str(W.encode(W.StatusRequest(token=token)))
                 while True:
                     m = await ws.receive(timeout=timeout_s)
                     if m.type != WSMsgType.TEXT:

@@ -132,6 +132,9 @@ class RuntimeConfig(_Section):
     sink: str = "file"  # file | null | throttled:FPS (a slow consumer reading FPS frames/s)
     save_epochs: tuple[int, ...] = (0, 1)
     rank_timeout_s: float = 600.0
+    #: a stage that owes the driver a reply and sends nothing for this long is reported as stalled
+    #: (stderr at once, the summary's ``stalls``); the run goes on until rank_timeout_s gives up
+    stall_report_s: float = 10.0
 
 
 class HarnessConfig(_Section):
@@ -205,6 +208,9 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
          "vae.temporal_upsample needs one entry per up stage (len(dim_mult) - 1)"),
         (sum(cfg.vae.temporal_upsample) == 2, "vae.temporal_upsample must upsample time by 4 (two stages)"),
     ]
+    from harness.limits import check_shapes
+
+    check_shapes(cfg)  # sizes first: a negative or absurd dimension is named as such, not as a divisibility
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
@@ -227,13 +233,14 @@ def renamed_hint(section: str, name: str) -> str:
 
 
 def load_config(path: str | Path) -> HarnessConfig:
+    """A TOML config, read with a size limit; shape fields must be spelled out (limits.REQUIRED_FIELDS)."""
+    from harness.limits import check_required, read_config_bytes
+
     path = Path(path)
+    raw = read_config_bytes(path)
     try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
-    try:
-        cfg = msgspec.toml.decode(raw, type=HarnessConfig)
+        cfg = msgspec.toml.decode(raw, type=HarnessConfig)  # unknown keys and wrong types first: the sharper error
+        check_required(msgspec.toml.decode(raw), path.name)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         hint = next((renamed_hint(*old.split(".")) for old in RENAMED
                      if f"`{old.split('.')[1]}` - at `$.{old.split('.')[0]}`" in str(e)), "")

@@ -11,3 +11,7 @@ class HarnessError(Exception):
 
 class ConfigError(HarnessError):
     """The configuration (preset, TOML, command line) is invalid."""
+
+
+class RunFailed(HarnessError):
+    """The run itself failed (a dead rank, a full disk): exit status 1, not a usage error."""

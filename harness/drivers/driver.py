@@ -15,6 +15,7 @@ reports it delivered.
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +63,32 @@ class SessionControl:
     prompt: str = ""
 
 
+class StallWatch:
+    """Notices a stage that owes a reply and makes no progress (alive, just stuck) within
+    ``bound_s`` plus one poll period (≤ 1 s), long before the ``rank_timeout_s`` that gives up.
+    One report per stall: printed at once, and kept (with its full length) for the summary."""
+
+    def __init__(self, bound_s: float, session: int, epoch: int, sink: list[dict]) -> None:
+        self.bound_s, self.session, self.epoch, self.sink = bound_s, session, epoch, sink
+        self.since = time.monotonic()
+        self.current: dict | None = None
+
+    def idle(self, stage: str, chunk: int) -> None:
+        waited = time.monotonic() - self.since
+        if self.current is None and waited >= self.bound_s:
+            self.current = {"session": self.session, "epoch": self.epoch, "chunk": chunk, "stage": stage,
+                            "reported_after_s": round(waited, 3), "bound_s": self.bound_s, "lasted_s": None}
+            self.sink.append(self.current)
+            print(f"stall: {stage} made no progress for {waited:.1f} s (session {self.session}, chunk {chunk}); "
+                  f"still waiting", file=sys.stderr, flush=True)
+
+    def progress(self) -> None:
+        if self.current is not None:
+            self.current["lasted_s"] = round(time.monotonic() - self.since, 3)
+            self.current = None
+        self.since = time.monotonic()
+
+
 @dataclass
 class Driver:
     cfg: HarnessConfig
@@ -70,6 +97,8 @@ class Driver:
     #: called with each chunk's event (and the encoder's reply, None for chunks never encoded)
     on_chunk: Callable[[ChunkEvent, "M.ChunkDelivered | None"], None] | None = None
     _io: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="driver-io"))
+    #: every stall seen (a stage owing a reply silent for ``runtime.stall_report_s``), for the summary
+    stalls: list[dict] = field(default_factory=list)
 
     def close(self) -> None:
         self._io.shutdown(wait=True)
@@ -111,6 +140,7 @@ class Driver:
             return frames_back == next_chunk  # Case D: previous chunk is cpu_ready
 
         deadline = time.monotonic() + timeout
+        watch = StallWatch(cfg.runtime.stall_report_s, session, epoch, self.stalls)
         while done < (next_chunk if cancelled else n):
             if not cancelled and ctl.should_cancel is not None and ctl.should_cancel(start_ns, stamps):
                 # In-flight work is finished and discarded; nothing new starts.
@@ -124,6 +154,7 @@ class Driver:
                 stamps[c]["submit"] = now()
                 L.fanout("dit", M.GenerateChunk(session=session, chunk=c, actions=acts))
                 next_chunk, dit_busy = c + 1, True
+                watch.progress()  # the wait for a client's actions is not a stage's stall
             while waiting and len(decoding) < max_dec:
                 c, lat = waiting.popleft()
                 stamps[c]["decode_submit"] = now()
@@ -136,8 +167,12 @@ class Driver:
             msgs = L.poll(min(wait_s, max(0.0, deadline - time.monotonic())))
             if not msgs and time.monotonic() > deadline:
                 raise RankFailed(f"session {session}: no progress for {timeout:.0f} s ({done} of {n} chunks done)")
+            if not msgs:
+                stage, chunk = ("dit", next_chunk - 1) if dit_busy else ("vae", decoding[0]) if decoding else ("encoder", done)
+                watch.idle(stage, chunk)
             for proc, msg in msgs:
                 deadline = time.monotonic() + timeout
+                watch.progress()
                 if isinstance(msg, M.LatentReady):
                     t = now()
                     s = stamps[msg.chunk]
@@ -171,6 +206,8 @@ class Driver:
                         self.on_chunk(self._event(session, epoch, msg.chunk, stamps, extra, cancelled), msg)
                 else:
                     raise RankFailed(f"unexpected {type(msg).__name__} from {proc.name} in session {session}")
+            if msgs:
+                watch.progress()  # on_chunk may have waited on a client: that is not a stage's stall
 
         media, kv, ring_free = self._end_session(session, discard=cancelled and not ctl.keep_partial_media)
         self._io.submit(lambda: None).result()  # latent saves/hashes of this session are done

@@ -17,7 +17,7 @@ from typing import Callable
 
 from harness.config import HarnessConfig
 from harness.engine.groups import free_port
-from harness.errors import HarnessError
+from harness.errors import HarnessError, RunFailed
 from harness.pipeline import messages as M
 from harness.workers.common import WorkerSpec, needs_world
 
@@ -26,7 +26,7 @@ from harness.workers.common import WorkerSpec, needs_world
 DEATH_WAIT_S = 0.5
 
 
-class RankFailed(HarnessError):
+class RankFailed(RunFailed):
     """A worker rank died or reported an error."""
 
 

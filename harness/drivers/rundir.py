@@ -6,6 +6,7 @@ leaves a truncated ``summary.json`` that looks valid; ``manifest.json`` records 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -22,12 +23,16 @@ from harness.errors import HarnessError
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def new_run_dir(out: str | None, name: str) -> Path:
+def new_run_dir(out: str | None, name: str, overwrite: bool = False) -> Path:
+    """A fresh run directory: an existing non-empty one is refused unless ``overwrite`` (runstate.claim_out)."""
+    from harness.drivers.runstate import claim_out
+
     if out:
         path = Path(out)
     else:
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         path = REPO_ROOT / "runs" / f"{stamp}-{name}-{os.getpid()}"
+    claim_out(path, overwrite)
     try:
         path.mkdir(parents=True, exist_ok=True)
         (path / "media").mkdir(exist_ok=True)
@@ -41,18 +46,30 @@ def new_run_dir(out: str | None, name: str) -> Path:
 
 
 def write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_bytes(msgspec.json.format(msgspec.json.encode(obj), indent=2) + b"\n")
-    os.replace(tmp, path)
+    data = msgspec.json.format(msgspec.json.encode(obj), indent=2) + b"\n"
+    with _replacing(path) as f:
+        f.write(data)
 
 
 def write_jsonl(path: Path, rows) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
     enc = msgspec.json.Encoder()
-    with open(tmp, "wb") as f:
+    with _replacing(path) as f:
         for r in rows:
             f.write(enc.encode(r) + b"\n")
-    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _replacing(path: Path):
+    """Write ``path`` whole or not at all: a temp file renamed over it, removed when the write
+    fails (a full disk leaves no 0-byte ``.tmp`` that looks like a file being written)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def git_state() -> dict:

@@ -8,6 +8,8 @@ summary. The ``finally`` always reaps every process and unlinks the ring.
 
 from __future__ import annotations
 
+import datetime as _dt
+import errno
 import os
 import secrets
 import sys
@@ -22,6 +24,9 @@ from harness.config import HarnessConfig, VAE_TEMPORAL
 from harness.drivers.driver import Driver, SessionResult
 from harness.drivers.launcher import LocalLauncher, mps_running, shared_gpus, sharing_warning
 from harness.drivers.rundir import manifest, new_run_dir, write_json, write_jsonl
+from harness.drivers.runstate import owner_record, reap_dead_rings
+from harness.drivers.signals import ending, received as signals_received
+from harness.errors import RunFailed
 from harness.measure.events import ChunkEvent
 from harness.measure.metrics import Window, window_for
 
@@ -45,6 +50,8 @@ class ServeOptions:
     launcher: str = "local"
     #: keyword arguments of the launcher (ray: address, cpus_per_rank, frame_path, strategy)
     launcher_options: dict = field(default_factory=dict)
+    #: clear an existing run directory at ``out`` first (otherwise a non-empty one is refused)
+    overwrite: bool = False
 
 
 @dataclass
@@ -83,64 +90,46 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
     from harness.workers.encoder_worker import check_sink_spec
 
     check_sink_spec(cfg.runtime.sink)  # a bad sink fails here, not as a dead encoder after launch
+    from harness.limits import check_fits
+
+    memory_estimate = check_fits(cfg, device_memory(cfg))  # before the ring or any rank takes memory
     hookset = parse_hooks(opts.hooks)
     opts = ServeOptions(**{**opts.__dict__, "hooks": hookset.items()})
-    run_dir = new_run_dir(opts.out, cfg.name)
+    run_dir = new_run_dir(opts.out, cfg.name, opts.overwrite)
+    reap_dead_rings()  # segments of runs whose whole process group was killed
     prefix = f"harness-{os.getpid()}-{secrets.token_hex(3)}"
-    ring = FrameRing.create(prefix, cfg.runtime.ring_slots, ring_slot_bytes(cfg))
-    launcher = make_launcher(opts, cfg, str(run_dir), msgspec.to_builtins(ring.spec))
-    events_f = open(run_dir / "events.jsonl", "wb")
-    enc = msgspec.json.Encoder()
     results: list[SessionResult] = []
     status, error, probes = "running", None, {}
     man = manifest(cfg, candidates=opts.candidates, hooks=opts.hooks, placement=None, devices=None,
-                   extra={"status": status, "ring": {"slots": cfg.runtime.ring_slots, "slot_bytes": ring.spec.slot_bytes}})
+                   extra={"status": status, "owner": owner_record(), "memory_estimate_bytes": memory_estimate})
     man["protocol"].update(opts.protocol, window=msgspec.to_builtins(window_for(cfg.video.chunks_per_session)))
-    write_json(run_dir / "manifest.json", man)
+    _write_manifest(run_dir, man, starting=True)
+    enc = msgspec.json.Encoder()
+    ring = launcher = events_f = driver = None
 
     def on_chunk(ev: ChunkEvent, _reply=None) -> None:
         events_f.write(enc.encode(ev) + b"\n")
         events_f.flush()
 
-    driver = None
-    try:
+    try:  # from here every exit path (a signal during start-up included) ends in the finally below
+        ring = FrameRing.create(prefix, cfg.runtime.ring_slots, ring_slot_bytes(cfg))
+        man["ring"] = {"slots": cfg.runtime.ring_slots, "slot_bytes": ring.spec.slot_bytes}
+        launcher = make_launcher(opts, cfg, str(run_dir), msgspec.to_builtins(ring.spec))
+        events_f = open(run_dir / "events.jsonl", "wb")
         launcher.start()
-        man["placement"] = {p.name: p.ready.device for p in launcher.procs}
-        man["devices"] = sorted({p.ready.device_name for p in launcher.procs})
-        man["applied_candidates"] = {p.name: p.ready.info.get("candidates", "") for p in launcher.procs if p.role != "encoder"}
-        man["launcher"] = launcher.describe() if hasattr(launcher, "describe") else {"name": "local"}
-        places = {r: [p.ready.device for p in launcher.procs if p.role == r] for r in ("dit", "vae")}
-        mps = mps_running()
-        man["gpu_sharing"] = {"shared": shared_gpus(places), "mps": mps}
-        if note := sharing_warning(places, cfg.runtime.scheduler, mps):
-            print(note, file=sys.stderr)
+        _record_placement(man, launcher, cfg)
         write_json(run_dir / "manifest.json", man)
         driver = Driver(cfg, launcher, run_dir, on_chunk=on_chunk)
         if opts.probes:
             rt = sorted(driver.control_round_trip_ns(20))
             probes["control_round_trip_ns_p50"] = rt[len(rt) // 2]
-        if opts.session_runner is not None:
-            def add_result(res: SessionResult) -> None:
-                results.append(res)
-                if on_session:
-                    on_session(res)
-
-            opts.session_runner(ServeContext(cfg, driver, launcher, cfg.runtime.ring_slots, run_dir, on_chunk, add_result))
-        else:
-            bar = _progress(cfg, opts.progress)
-            for s in range(cfg.runtime.sessions):
-                res = driver.run_session(session=s, epoch=s, seed=cfg.runtime.seed + s)
-                results.append(res)
-                if on_session:
-                    on_session(res)
-                if bar is not None:
-                    bar.update(cfg.video.chunks_per_session)
-            if bar is not None:
-                bar.close()
+        _run_sessions(cfg, opts, driver, launcher, run_dir, on_chunk, results, on_session)
         status = "complete"
     except BaseException as e:
-        cause = explain_failure(launcher, e)
-        status, error = ("interrupted" if isinstance(e, KeyboardInterrupt) else "failed"), f"{type(cause).__name__}: {cause}"
+        cause = explain_failure(launcher, e) if launcher is not None else e
+        status, error = ending(cause)
+        if isinstance(cause, OSError) and cause.errno in _DISK_FULL:
+            cause = RunFailed(f"run directory {run_dir}: {cause.strerror}")
         if cause is not e:
             raise cause from e
         raise
@@ -148,15 +137,90 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
         if driver is not None:
             driver.close()
         # After a failure, collective peers of a dead rank may never reach their Shutdown message.
-        launcher.shutdown(grace_s=10.0 if status != "failed" else 3.0)
-        pids = launcher.pids()
-        ring.close()
-        ring.unlink()
-        events_f.close()
-        summary = _finish(run_dir, cfg, results, status, error, probes, opts)
-        man.update(status=status, error=error)
-        write_json(run_dir / "manifest.json", man)
+        pids = []
+        if launcher is not None:
+            launcher.shutdown(grace_s=10.0 if status != "failed" else 3.0)
+            pids = launcher.pids()
+        if ring is not None:
+            ring.close()
+            ring.unlink()
+        if events_f is not None:
+            events_f.close()
+        # serve --listen ends by a signal as its normal way out (graceful: the live session is
+        # cancelled, the rest served): complete, and the manifest says which signal
+        man["stopped_by"] = signals_received()
+        ran_ok = status == "complete"
+        summary, unwritten = {}, None
+        try:
+            summary = _finish(run_dir, cfg, results, status, error, probes, opts, driver.stalls if driver else [])
+        except OSError as e:  # e.g. a full disk: say so, and claim no summary
+            unwritten = f"summary not written: {e.strerror or e}"
+            (run_dir / "summary.json").unlink(missing_ok=True)
+            status, error = "failed", f"{error}; {unwritten}" if error else unwritten
+        man.update(status=status, error=error, ended=_dt.datetime.now(_dt.timezone.utc).isoformat(),
+                   summary="summary.json" if unwritten is None else None)
+        _write_manifest(run_dir, man)
+        if ran_ok and unwritten:  # nothing else is in flight: this is the run's error
+            raise RunFailed(f"run directory {run_dir}: {unwritten}")
     return ServeResult(run_dir, results, summary, prefix, pids)
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _write_manifest(run_dir: Path, man: dict, starting: bool = False) -> None:
+    """Write the manifest; when the disk refuses, the one on disk (if any) still names its owner,
+    so a reader sees a ``running`` run whose owner is gone as abandoned (runstate.run_status)."""
+    try:
+        write_json(run_dir / "manifest.json", man)
+    except OSError as e:
+        if starting:
+            raise RunFailed(f"run directory {run_dir}: cannot write manifest.json: {e.strerror}") from None
+
+
+def _record_placement(man: dict, launcher, cfg: HarnessConfig) -> None:
+    man["placement"] = {p.name: p.ready.device for p in launcher.procs}
+    man["devices"] = sorted({p.ready.device_name for p in launcher.procs})
+    man["applied_candidates"] = {p.name: p.ready.info.get("candidates", "") for p in launcher.procs if p.role != "encoder"}
+    man["launcher"] = launcher.describe() if hasattr(launcher, "describe") else {"name": "local"}
+    places = {r: [p.ready.device for p in launcher.procs if p.role == r] for r in ("dit", "vae")}
+    mps = mps_running()
+    man["gpu_sharing"] = {"shared": shared_gpus(places), "mps": mps}
+    if note := sharing_warning(places, cfg.runtime.scheduler, mps):
+        print(note, file=sys.stderr)
+
+
+def _run_sessions(cfg: HarnessConfig, opts: ServeOptions, driver: Driver, launcher, run_dir: Path, on_chunk,
+                  results: list[SessionResult], on_session) -> None:
+    def add_result(res: SessionResult) -> None:
+        results.append(res)
+        if on_session:
+            on_session(res)
+
+    if opts.session_runner is not None:
+        opts.session_runner(ServeContext(cfg, driver, launcher, cfg.runtime.ring_slots, run_dir, on_chunk, add_result))
+        return
+    bar = _progress(cfg, opts.progress)
+    for s in range(cfg.runtime.sessions):
+        add_result(driver.run_session(session=s, epoch=s, seed=cfg.runtime.seed + s))
+        if bar is not None:
+            bar.update(cfg.video.chunks_per_session)
+    if bar is not None:
+        bar.close()
+
+
+def device_memory(cfg: HarnessConfig) -> int | None:
+    """Bytes of the smallest GPU the DiT ranks use (None on CPU, or when no GPU is visible here)."""
+    if cfg.runtime.device != "cuda":
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    n = torch.cuda.device_count()
+    idx = cfg.parallel.dit_devices or tuple(range(cfg.parallel.sp))
+    sizes = [torch.cuda.get_device_properties(i).total_memory for i in idx if 0 <= i < n]
+    return min(sizes) if sizes else None
 
 
 def make_launcher(opts: ServeOptions, cfg: HarnessConfig, run_dir: str, ring_spec: dict):
@@ -172,7 +236,7 @@ def make_launcher(opts: ServeOptions, cfg: HarnessConfig, run_dir: str, ring_spe
 
 
 def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], status: str, error: str | None,
-            probes: dict, opts: ServeOptions) -> dict:
+            probes: dict, opts: ServeOptions, stalls: list[dict] = ()) -> dict:
     from harness.measure.events import read_events
     from harness.measure.summary import build_summary
 
@@ -198,6 +262,10 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
     summary["candidates"] = list(opts.candidates)
     summary["probes"] = probes
     summary["sessions_completed"] = len(results)
+    summary["stalls"] = list(stalls)
+    summary["stall_report_s"] = cfg.runtime.stall_report_s
+    if stalls:
+        summary.setdefault("flags", []).append("stalled")
     summary["protocol"] = opts.protocol.get("name", "timing")
     if opts.summary_extra is not None and events:
         try:

@@ -39,9 +39,9 @@ from harness.engine.kvcache import PagedKVCache, SessionKV
 from harness.engine.ulysses import gather_tokens, heads_to_seq, seq_to_heads
 from harness.errors import HarnessError
 from harness.hooks import context as hctx
+from harness.limits import ROPE_MAX_FRAMES  # one definition: the up-front session checks read it too
 
 ROPE_THETA = 10000.0
-ROPE_MAX_FRAMES = 1024  # latent frames per session that have a RoPE position (Wan's table size)
 
 #: Parameters of the full-size model (both lingbot presets share it): 40 blocks × 456,272,384
 #: (12·dim² attention + camera GEMMs, 2·dim·ffn FFN, biases, norms, modulation) + 293,099,520 in the

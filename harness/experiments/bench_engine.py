@@ -320,6 +320,9 @@ def main(args) -> int:
             raise HarnessError(f"--{name} must be ≥ 1")
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
         raise HarnessError(f"--json {args.json}: its folder does not exist")
+    from harness.limits import check_chunks_option
+
+    check_chunks_option(args.chunks, cfg.video.frames_per_chunk)  # up front, not in a rank minutes later
     if args.flops_only:
         print(json.dumps(count_steady_flops(cfg)))
         return 0

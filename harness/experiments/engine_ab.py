@@ -202,6 +202,9 @@ def main(args) -> int:
     cfg = override(base_config(args), parallel={"sp": args.sp}, runtime={"device": args.device, "mode": args.mode})
     if args.pairs < 1 or args.launches < 1 or (args.chunks is not None and args.chunks < 1):
         raise HarnessError("--pairs, --launches and --chunks must be ≥ 1")
+    from harness.limits import check_chunks_option
+
+    check_chunks_option(args.chunks, cfg.video.frames_per_chunk)  # up front, not in a rank minutes later
     if not args.candidate:
         raise HarnessError("ab-engine needs --candidate ID")
     if cfg.runtime.device == "cuda" and not torch.cuda.is_available():

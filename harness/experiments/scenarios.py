@@ -277,6 +277,17 @@ def leak_checks(report: Report, pids: list[int], ring_prefix: str | None) -> Non
 
 
 # ---- the websocket server ------------------------------------------------------------------------
+def _stop_with_parent() -> None:
+    """In the server child before exec: SIGTERM it (a graceful stop) if this process dies first,
+    so a scenario stopped by a signal leaves no server behind."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 class ServerProcess:
     """``python -m harness serve --listen 127.0.0.1:0`` as a subprocess, for the scenarios and tests."""
 
@@ -288,7 +299,7 @@ class ServerProcess:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self._err = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(self.argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=self._err,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_stop_with_parent)
         self.stdout_lines: list[str] = []
         deadline = time.monotonic() + start_timeout_s
         self.url = None
@@ -324,6 +335,13 @@ class ServerProcess:
         from harness.drivers.procwatch import workers_of
 
         return workers_of(self.pid, recursive=True)
+
+    def operator_token(self) -> str:
+        """The token that lets this process (the server's operator) read any session's outcome."""
+        try:
+            return (self.out / "operator.token").read_text().strip()
+        except OSError:
+            return ""
 
     def encoder_pid(self) -> int:
         """The launcher starts the encoder stage last."""
@@ -798,16 +816,17 @@ def ws_cancel_points(ttfc_s: float, n: int) -> list[WsCancelPoint]:
     ]
 
 
-async def ended_of(url: str, rep, served_before: int, timeout_s: float = 60.0):
+async def ended_of(url: str, rep, served_before: int, timeout_s: float = 60.0, token: str = ""):
     """The server's account of a session the client left without waiting for it: the ``last``
-    of the first idle status after the server finished one more session than before."""
+    of the first idle status after the server finished one more session than before (another
+    connection sees it only with the server's operator token)."""
     from harness.client import status
 
     if rep.ended is not None:
         return rep.ended
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        st = await status(url)
+        st = await status(url, token=token)
         if not st.busy and st.sessions_served > served_before and st.last is not None:
             return st.last
         await asyncio.sleep(0.05)
@@ -844,7 +863,7 @@ def cancel_ws(url: str, p: Params, server: ServerProcess | None = None) -> Repor
     for i, pt in enumerate(points):
         served = _ws(status(url)).sessions_served
         rep = session(p.seed + 1 + i, n, **pt.opts)
-        end = _ws(ended_of(url, rep, served))
+        end = _ws(ended_of(url, rep, served, token=server.operator_token() if server else ""))
         if end is None:
             problems["outcome"].append(f"{pt.name}: the server never finished the session")
             report.rows.append([i + 1, pt.name, pt.target, rep.outcome, "?", "", "", "", "", ""])

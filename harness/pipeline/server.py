@@ -25,7 +25,9 @@ Capacity is one session: a ``start`` while another is pending or running gets ``
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ipaddress
+import secrets
 import queue
 import threading
 import time
@@ -36,8 +38,10 @@ import msgspec
 
 from harness.errors import HarnessError
 from harness.pipeline import wsproto as W
+from harness.pipeline.guards import DEFAULT_IDLE_TIMEOUT_S, hardening_options, origin_error, warm_up, write_token
 
 PATH = "/session"
+HEALTH_PATH = "/healthz"
 
 
 def now() -> int:
@@ -56,6 +60,12 @@ class ListenOptions:
     max_message_bytes: int = W.MAX_CONTROL_BYTES
     max_errors: int = 32  # rejected messages before a connection is closed (policy violation)
     max_backlog: int = 64  # answers queued to a client that does not read them before it is closed
+    #: a connection without a running session that sends nothing for this long is closed; so is a
+    #: TCP connection that sends no complete HTTP request within it (aiohttp's keep-alive timer)
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    heartbeat_s: float = 10.0  # WebSocket ping period; no pong within half of it closes a half-open peer
+    allow_origins: tuple[str, ...] = ()  # Origins accepted besides the listen address ("*": any Origin and Host)
+    warmup_chunks: int = 0  # chunks generated before "listening" (compilation, allocator, autotuning)
     on_listening: Callable[[str, int], None] | None = None
 
 
@@ -91,9 +101,12 @@ class _Conn:
         self.session: _Session | None = None
         self.errors = 0
         self.drained = asyncio.Event()  # the pump has sent everything queued before its None
+        #: chunks whose media the transport has taken (written to the socket, or below its high-water
+        #: mark): only these may be acknowledged, so the window bounds bytes in flight, not promises
+        self.written: set[int] = set()
 
-    def post(self, item: str | bytes | None) -> None:
-        """Queue a text (str) or binary (bytes) frame; None ends the pump. Callable from any thread."""
+    def post(self, item: str | tuple[int, bytes] | None) -> None:
+        """Queue a text frame (str) or chunk c's media ((c, bytes)); None ends the pump. Any thread."""
         if not self.open and item is not None:
             return
         try:
@@ -108,8 +121,9 @@ class _Conn:
                 if item is None:
                     return
                 try:
-                    if isinstance(item, bytes):
-                        await self.ws.send_bytes(item)  # awaits the socket draining: TCP backpressure
+                    if isinstance(item, tuple):
+                        await self.ws.send_bytes(item[1])  # awaits the socket draining: TCP backpressure
+                        self.written.add(item[0])
                     else:
                         await self.ws.send_str(item)
                 except (ConnectionError, RuntimeError):
@@ -166,6 +180,8 @@ class _Session:
         with self.cond:
             if msg.chunk not in self.sent:
                 return f"ack for chunk {msg.chunk}, which was not sent"
+            if msg.chunk not in self.conn.written:
+                return f"ack for chunk {msg.chunk} before its media left the server (acknowledge what you have read)"
             if msg.chunk in self.acks:
                 return f"chunk {msg.chunk} was already acknowledged"
             self.acks[msg.chunk] = (msg.received_ns, t)
@@ -185,7 +201,28 @@ class _Session:
     def should_cancel(self, _start_ns: int, _stamps) -> bool:
         return self.reason is not None
 
+    def contain(self, err: Exception) -> None:
+        """A failure in this session's own code (its client, its messages) cancels this session
+        only: the driver then ends it through the ordinary cancel path, which frees its KV blocks,
+        ring slots and media, and the server goes on serving."""
+        self.cancel(f"session failed: {W.one_line(f'{type(err).__name__}: {err}')}")
+
     def actions_for(self, chunk: int) -> list[str]:
+        try:
+            return self._actions_for(chunk)
+        except Exception as e:
+            self.contain(e)
+            return [""] * self.frames_per_chunk  # generated and discarded, like any cancelled chunk
+
+    def on_chunk(self, ev, msg) -> None:
+        try:
+            self._on_chunk(ev, msg)
+        except Exception as e:
+            self.contain(e)
+            with self.cond:
+                self.events.setdefault(ev.chunk, ev)  # its row is still written
+
+    def _actions_for(self, chunk: int) -> list[str]:
         with self.cond:
             if chunk not in self.actions and self.reason is None:
                 self.conn.post(W.encode(W.NeedActions(session=self.index, chunk=chunk)))
@@ -201,7 +238,7 @@ class _Session:
         # A cancelled session's chunk is generated and discarded by the driver: any valid actions do.
         return acts if acts is not None else [""] * self.frames_per_chunk
 
-    def on_chunk(self, ev, msg) -> None:
+    def _on_chunk(self, ev, msg) -> None:
         """Driver callback per chunk: forward its media within the window, keep its event."""
         blocked = 0
         if msg is not None and msg.encoded is not None and msg.media:
@@ -221,7 +258,7 @@ class _Session:
                         session=ev.session, chunk=ev.chunk, frames=ev.frames, nbytes=len(msg.media),
                         pixel_sha256=msg.pixel_sha256, frame_sha256=list(msg.frame_sha256),
                         event={k: v for k, v in msgspec.to_builtins(ev).items() if k not in ("delivered",)})))
-                    self.conn.post(bytes(msg.media))
+                    self.conn.post((ev.chunk, bytes(msg.media)))
                     self.sent.append(ev.chunk)
                     self.frames_sent += ev.frames
                     self.max_unacked = max(self.max_unacked, len(self.sent) - len(self.acks))
@@ -284,6 +321,7 @@ class StreamServer:
         self._runner = None
         self.address: tuple[str, int] | None = None
         self.cfg = None
+        self.operator_token = secrets.token_hex(16)
 
     # ---- control from other threads ------------------------------------------------------------
     def stop(self, reason: str = "server shutting down") -> None:
@@ -296,6 +334,11 @@ class StreamServer:
     # ---- driver thread -------------------------------------------------------------------------
     def __call__(self, ctx) -> None:
         self.cfg = ctx.cfg
+        write_token(ctx.run_dir / "operator.token", self.operator_token)
+        if self.opts.warmup_chunks and not self._stop.is_set():
+            warm_up(ctx, self.opts.warmup_chunks)
+        if self._stop.is_set():
+            return
         self._start_network()
         try:
             while not self._stop.is_set():
@@ -400,7 +443,8 @@ class StreamServer:
 
         app = web.Application()
         app.router.add_get(PATH, self._handle)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        app.router.add_get(HEALTH_PATH, self._health)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, keepalive_timeout=self.opts.idle_timeout_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.opts.host, self.opts.port)
         await site.start()
@@ -444,10 +488,24 @@ class StreamServer:
         if self._thread is not None:
             self._thread.join(15)
 
+    async def _health(self, request):
+        """Readiness for load balancers: 200 once warm and serving (the port is bound only then), 503 when stopping."""
+        from aiohttp import web
+
+        stopping = self._stop.is_set()
+        body = {"status": "stopping" if stopping else "ready", "busy": self._active is not None,
+                "sessions_served": self._served, "preset": self.cfg.name if self.cfg else ""}
+        return web.json_response(body, status=503 if stopping else 200)
+
     async def _handle(self, request):
         from aiohttp import WSMsgType, web
 
-        ws = web.WebSocketResponse(max_msg_size=self.opts.max_message_bytes, autoping=True, compress=False)
+        refused = origin_error(request.headers.get("Host"), request.headers.get("Origin"), self.address,
+                               self.opts.allow_origins)
+        if refused:
+            return web.Response(status=403, text=refused + "\n")
+        ws = web.WebSocketResponse(max_msg_size=self.opts.max_message_bytes, autoping=True, compress=False,
+                                   heartbeat=self.opts.heartbeat_s)
         await ws.prepare(request)
         if len(self._conns) >= self.opts.max_connections:
             await ws.send_str(W.encode(W.Busy(message=f"too many connections (limit {self.opts.max_connections})")))
@@ -457,7 +515,19 @@ class StreamServer:
         self._conns.add(conn)
         pump_task = asyncio.create_task(conn.pump())
         try:
-            async for m in ws:
+            while True:
+                idle = conn.session is None or self._active is not conn.session  # a session has its own timeouts
+                try:
+                    m = await ws.receive(timeout=self.opts.idle_timeout_s if idle else None)
+                except asyncio.TimeoutError:
+                    conn.post(W.encode(W.Error(message=f"no message for {self.opts.idle_timeout_s:g} s "
+                                                       "without a running session; closing")))
+                    conn.post(None)
+                    await asyncio.wait_for(conn.drained.wait(), 5.0)
+                    await ws.close(code=1001, message=b"idle timeout")
+                    break
+                if m.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                    break
                 if m.type == WSMsgType.TEXT:
                     self._dispatch(conn, m.data)
                 elif m.type == WSMsgType.BINARY:
@@ -515,6 +585,9 @@ class StreamServer:
         elif isinstance(msg, W.StatusRequest):
             with self._lock:
                 busy, last = self._active is not None, self._last
+            owner = s is not None and last is not None and s.index == last.session
+            if not owner and not hmac.compare_digest(msg.token, self.operator_token):
+                last = None  # a session's outcome is its own client's business (and the operator's)
             conn.post(W.encode(W.Status(preset=self.cfg.name, busy=busy, sessions_served=self._served, last=last)))
 
     def _start(self, conn: _Conn, msg: W.Start) -> None:
@@ -526,6 +599,10 @@ class StreamServer:
         if msg.image is not None:
             return self._reject(conn, "conditioning images from clients are not supported yet "
                                       "(a session is conditioned on the synthetic image of its seed)")
+        from harness.limits import session_frames_error
+
+        if err := session_frames_error(msg.chunks or cfg.video.chunks_per_session, cfg.video.frames_per_chunk):
+            return self._reject(conn, err)  # refused here, not as a dead DiT rank chunks later
         timeout = min(msg.action_timeout_s or self.opts.action_timeout_s, self.opts.action_timeout_s)
         sess = _Session(conn, msg, chunks=msg.chunks or cfg.video.chunks_per_session,
                         frames_per_chunk=cfg.video.frames_per_chunk, window=self.opts.window,
@@ -546,10 +623,9 @@ class StreamServer:
 def listen_main(args) -> int:
     """``serve --listen``: launch the topology, serve clients until stopped (SIGTERM/SIGINT) or
     ``--sessions`` sessions have been served, then tear down like any serve."""
-    import signal
-
     from harness.cli import parse_hooks, resolve_config
     from harness.drivers.serve import ServeOptions, serve
+    from harness.drivers.signals import install as install_stop
 
     cfg = resolve_config(args)
     if args.sink not in (None, "stream"):
@@ -569,13 +645,14 @@ def listen_main(args) -> int:
 
     lo = ListenOptions(host=host, port=port, max_sessions=args.sessions, on_listening=announce,
                        window=args.window or ListenOptions.window,
-                       action_timeout_s=args.action_timeout or ListenOptions.action_timeout_s)
+                       action_timeout_s=args.action_timeout or ListenOptions.action_timeout_s,
+                       **hardening_options(args, cfg))
     server = StreamServer(lo)
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: server.stop("server shutting down (SIGTERM)"))
-    res = serve(cfg, ServeOptions(out=args.out, candidates=tuple(args.candidate), hooks=parse_hooks(args.hooks),
+    install_stop(on_stop=server.stop)  # SIGINT and SIGTERM alike: the running session is cancelled, then teardown
+    res = serve(cfg, ServeOptions(out=args.out, overwrite=getattr(args, "overwrite", False), candidates=tuple(args.candidate), hooks=parse_hooks(args.hooks),
                                   progress=False, faults=faults, probes=False, session_runner=server,
                                   protocol={"name": "websocket", "listen": args.listen, "window": lo.window,
+                                            "warmup_chunks": lo.warmup_chunks, "idle_timeout_s": lo.idle_timeout_s,
                                             # the media went to the clients (DESIGN §10): media/ stays empty
                                             "media": "client"}))
     from harness.cli import print_headline

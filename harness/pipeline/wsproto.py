@@ -73,7 +73,9 @@ class Cancel(_Wire, tag="cancel"):
 
 
 class StatusRequest(_Wire, tag="status"):
-    pass
+    #: the server's operator token (``operator.token`` in its run directory): with it, ``last`` is the
+    #: last session whoever ran it; without it, only the connection that ran that session sees it
+    token: Annotated[str, Meta(max_length=64)] = ""
 
 
 ClientMessage = Union[Start, Actions, Ack, Cancel, StatusRequest]

@@ -132,6 +132,10 @@ def maybe_fault(spec: WorkerSpec, chunk: int) -> None:
     """Scenario hook: die abruptly (as a crashed rank would) when told to, at a given chunk."""
     if spec.fault.startswith("die-at-chunk:") and chunk == int(spec.fault.split(":", 1)[1]):
         os.kill(os.getpid(), signal.SIGKILL)
+    if spec.fault.startswith("stall-at-chunk:"):  # stall-at-chunk:N:SECONDS: alive, but no progress
+        at, seconds = spec.fault.split(":")[1:3]
+        if chunk == int(at):
+            time.sleep(float(seconds))
 
 
 class GpuTimer:

@@ -77,7 +77,8 @@ def test_client_command_line_plays_verifies_and_disconnects(server, tmp_path):
     print(gone.stdout, gone.stderr)
     assert gone.returncode == 0, gone.stderr
     assert not list((tmp_path / "c2").glob("*.mkv*"))  # nothing half-written left behind
-    end = asyncio.run(S.ended_of(server.url, SimpleNamespace(ended=None, session=None), before))
+    end = asyncio.run(S.ended_of(server.url, SimpleNamespace(ended=None, session=None), before,
+                                 token=server.operator_token()))
     assert end is not None and end.cancelled and end.reason == "client disconnected"
     assert end.kv_blocks_used == 0 and end.ring_free == end.ring_slots and end.media_discarded
 

@@ -1,0 +1,99 @@
+"""Up-front bounds (issue: absurd input): every case is one line on stderr and exit 2 from the
+command line itself, before a run directory, a ring segment or a process exists."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from harness import cli
+from harness.config import load_config, load_preset
+from harness.drivers.procwatch import children
+from harness.errors import ConfigError
+from harness.limits import MAX_CONFIG_BYTES, ROPE_MAX_FRAMES, estimate_bytes
+
+TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
+
+# (argv after "serve", what the one line must say)
+BAD_SERVE = [
+    (["--chunks", "342"], "position table holds 1024"),
+    (["--set", "video.chunks_per_session=100000"], "position table"),
+    (["--set", "video.width=-8"], "video.width = -8 is outside"),
+    (["--set", "video.height=0"], "video.height = 0 is outside"),
+    (["--set", "video.height=65536"], "video.height = 65536 is outside"),
+    (["--set", "model.num_layers=100000"], "model.num_layers = 100000 is outside"),
+    (["--set", "model.num_layers=0"], "model.num_layers = 0 is outside"),
+    (["--set", "model.dim=-64"], "model.dim = -64 is outside"),
+    (["--set", "model.patch_size=[1, -2, 2]"], "model.patch_size[1] = -2"),
+    (["--set", "vae.dim_mult=[1, 0, 4, 4]"], "vae.dim_mult[1] = 0"),
+    (["--set", "cache.sink_frames=-3"], "sink_frames"),
+    (["--set", "runtime.ring_slots=100000"], "runtime.ring_slots = 100000 is outside"),
+    (["--set", "runtime.rank_timeout_s=-1"], "rank_timeout_s"),
+    (["--set", "schedule.timesteps=[5000, 10]"], "schedule.timesteps"),
+    # fits the ceilings, not the machine: refused by the memory estimate, not by ENOMEM
+    (["--set", "video.height=8192", "--set", "video.width=8192", "--set", "runtime.ring_slots=200"], "of /dev/shm"),
+    (["--set", "model.dim=32768", "--set", "model.num_heads=256", "--set", "model.num_layers=512",
+      "--set", "model.ffn_dim=131072"], "this host has"),
+    (["--candidate", "H5a", "--scheduler", "case-d"], "--candidate H5a sets runtime.scheduler = case-e"),
+    (["--candidate", "H5a", "--set", "runtime.scheduler=case-d"], "--set runtime.scheduler=case-d"),
+    (["--sessions", "0"], "--sessions must be ≥ 1"),
+    (["--chunks", "-1"], "--chunks must be ≥ 1"),
+]
+
+
+@pytest.mark.parametrize("argv, why", BAD_SERVE, ids=[" ".join(a)[:40] for a, _ in BAD_SERVE])
+def test_bad_serve_options_are_one_line_exit_2_before_anything_starts(argv, why, tmp_path, capsys):
+    out = tmp_path / "run"
+    kids = set(children(os.getpid()))
+    shm = set(os.listdir("/dev/shm"))
+    assert cli.main(["serve", "--out", str(out), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and why in err and "\n" not in err, err
+    assert not out.exists()  # refused before the run directory
+    assert set(children(os.getpid())) <= kids
+    assert {n for n in os.listdir("/dev/shm") if n.startswith(f"harness-{os.getpid()}-")} - shm == set()
+
+
+@pytest.mark.parametrize("command", [["bench-engine"], ["ab-engine", "--candidate", "H1a"]])
+def test_engine_commands_bound_chunks_by_the_position_table(command, capsys):
+    assert cli.main([*command, "--chunks", "400"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --chunks 400: ") and "position table holds 1024" in err and "\n" not in err
+
+
+def test_websocket_start_is_bounded_by_the_position_table():
+    from harness.limits import max_chunks, session_frames_error
+
+    cfg = load_preset("tiny")
+    n = max_chunks(cfg.video.frames_per_chunk)
+    assert n * cfg.video.frames_per_chunk <= ROPE_MAX_FRAMES < (n + 1) * cfg.video.frames_per_chunk
+    assert session_frames_error(n, cfg.video.frames_per_chunk) is None
+    assert "position table" in session_frames_error(n + 1, cfg.video.frames_per_chunk)
+
+
+def test_a_config_file_must_spell_out_its_shapes(tmp_path):
+    text = TINY.read_text()
+    (tmp_path / "ok.toml").write_text(text)
+    assert load_config(tmp_path / "ok.toml").model.dim == 64
+    # leaving out num_layers would have taken the full model's 40 layers
+    (tmp_path / "partial.toml").write_text(text.replace("num_layers = 2\n", ""))
+    with pytest.raises(ConfigError, match=r"\[model\] must set num_layers"):
+        load_config(tmp_path / "partial.toml")
+    (tmp_path / "novideo.toml").write_text(text.replace("[video]", "[video_]"))
+    with pytest.raises(ConfigError):
+        load_config(tmp_path / "novideo.toml")
+
+
+def test_config_file_size_is_limited(tmp_path):
+    big = tmp_path / "big.toml"
+    big.write_bytes(TINY.read_bytes() + b"#" * (MAX_CONFIG_BYTES + 1) + b"\n")
+    with pytest.raises(ConfigError, match="not a config file"):
+        load_config(big)
+
+
+def test_memory_estimate_scales_with_the_model():
+    tiny, full = estimate_bytes(load_preset("tiny")), estimate_bytes(load_preset("lingbot-480x832"))
+    assert tiny["dit_rank"] < 2**20 < 40 * 2**30 < full["dit_rank"] < 141 * 2**30  # full model fits one H200
+

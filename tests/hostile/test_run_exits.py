@@ -1,0 +1,173 @@
+"""Every exit path leaves a run directory that says how the run ended, and nothing behind:
+SIGINT/SIGTERM (even when the parent left SIGINT ignored, during start-up or mid-run, for
+``serve`` and ``serve --listen``), SIGKILL of the whole process group (the manifest then reads as
+abandoned and the next start reaps the ring), a full disk, and a reused ``--out``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.config import load_preset, override
+from harness.drivers.procwatch import alive, descendants, wait_gone
+from harness.drivers.runstate import claim_out, reap_dead_rings, ring_owner, run_status
+from harness.drivers.serve import ServeOptions, serve
+from harness.errors import HarnessError, RunFailed
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _wait_for(pred, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _rings_of(pid: int) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if ring_owner(n) == pid]
+
+
+def _start(out: Path, *extra: str, new_group: bool = False) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "harness", "serve", "--preset", "tiny", "--no-progress", "--out", str(out), *extra]
+    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_ignore_sigint,
+                            start_new_session=new_group, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _events(out: Path) -> int:
+    try:
+        return len((out / "events.jsonl").read_bytes().splitlines())
+    except OSError:
+        return 0
+
+
+# (signal, extra serve args, when to send it)
+STOPS = [
+    (signal.SIGINT, ["--sessions", "50"], "mid-run"),
+    (signal.SIGTERM, ["--sessions", "50"], "mid-run"),
+    (signal.SIGTERM, ["--sessions", "50"], "start-up"),
+    (signal.SIGINT, ["--listen", "127.0.0.1:0"], "listening"),
+    (signal.SIGTERM, ["--listen", "127.0.0.1:0"], "listening"),
+]
+
+
+@pytest.mark.parametrize("sig, extra, when", STOPS, ids=[f"{s.name}-{w}-{'listen' if '--listen' in e else 'serve'}"
+                                                         for s, e, w in STOPS])
+def test_serve_with_sigint_ignored_by_its_parent_stops_cleanly(sig, extra, when, tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out, *extra)
+    try:
+        if when == "mid-run":
+            _wait_for(lambda: _events(out) >= 2, 180, "the first chunks")
+        elif when == "start-up":
+            _wait_for(lambda: (out / "manifest.json").exists(), 60, "the manifest")
+        else:
+            assert proc.stdout.readline().decode().startswith("listening on ws://127.0.0.1:")
+        workers = descendants(proc.pid)
+        proc.send_signal(sig)
+        rc = proc.wait(90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read().decode()
+    assert rc == (0 if "--listen" in extra else 128 + sig), err[-2000:]
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["stopped_by"] == sig.name
+    # a batch serve is interrupted; a server's graceful stop is how it normally ends
+    expect = "complete" if "--listen" in extra else "interrupted"
+    assert man["status"] == expect and man["error"] == (None if expect == "complete" else f"stopped by {sig.name}")
+    assert run_status(out) == expect
+    assert json.loads((out / "summary.json").read_text())["status"] == expect
+    assert not list(out.rglob("*.tmp"))
+    assert not wait_gone(workers, 15), "worker processes left behind"
+    assert not _rings_of(proc.pid), "ring segments left behind"
+    assert "Traceback" not in err, err[-2000:]
+
+
+def test_sigkill_of_the_process_group_reads_abandoned_and_the_next_start_reaps_the_ring(tmp_path):
+    out = tmp_path / "run"
+    proc = _start(out, "--sessions", "50", new_group=True)
+    try:
+        _wait_for(lambda: _events(out) >= 1, 180, "the first chunk")
+        group = [proc.pid, *descendants(proc.pid)]
+        os.killpg(proc.pid, signal.SIGKILL)  # the resource tracker dies too: nothing unlinks the ring
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not wait_gone(group, 15)
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["status"] == "running" and man["owner"]["pid"] == proc.pid
+    assert run_status(out) == "abandoned"
+    left = _rings_of(proc.pid)
+    assert left, "the killed group should have left its ring (else this test checks nothing)"
+    removed = reap_dead_rings()
+    assert set(left) <= set(removed) and not _rings_of(proc.pid)
+    assert all(not alive(ring_owner(n)) for n in removed)
+    # an abandoned run directory is refused too, and --overwrite clears it
+    with pytest.raises(HarnessError, match="a run that is abandoned"):
+        claim_out(out, overwrite=False)
+    claim_out(out, overwrite=True)
+    assert not any(out.iterdir())
+
+
+def test_a_live_owner_keeps_its_ring_and_its_run_directory(tmp_path):
+    (tmp_path / "manifest.json").write_text(json.dumps({"status": "running", "owner": __import__(
+        "harness.drivers.runstate", fromlist=["owner_record"]).owner_record()}))
+    assert run_status(tmp_path) == "running"
+    with pytest.raises(HarnessError, match="in use by a running run"):
+        claim_out(tmp_path, overwrite=True)
+    (tmp_path / "manifest.json").unlink()
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(HarnessError, match="not a run directory"):
+        claim_out(tmp_path, overwrite=True)  # --overwrite never clears a directory that is not a run's
+    assert (tmp_path / "notes.txt").exists()
+
+
+def test_a_full_disk_leaves_a_failed_manifest_and_no_summary(tmp_path):
+    out = tmp_path / "run"
+    cfg = override(load_preset("tiny"), runtime={"sessions": 1}, video={"chunks_per_session": 2})
+
+    def disk_full(_res) -> None:  # the summary's temp file now writes into /dev/full: ENOSPC
+        (out / "summary.json.tmp").symlink_to("/dev/full")
+
+    with pytest.raises(RunFailed, match="No space left on device"):
+        serve(cfg, ServeOptions(out=str(out), progress=False, probes=False), on_session=disk_full)
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["status"] == "failed" and "summary not written: No space left on device" in man["error"]
+    assert man["summary"] is None and not (out / "summary.json").exists()
+    assert not list(out.rglob("*.tmp")), "a half-written file is left"
+
+
+
+def test_a_stalled_worker_is_reported_within_the_bound_and_shows_in_the_summary(tmp_path, capfd):
+    """A VAE rank that stops making progress for 4 s (alive, not dead) is reported after the 1 s
+    bound (plus at most one 1 s poll), long before rank_timeout_s; the run still completes with
+    the frames of a clean run, and the summary lists the stall."""
+    cfg = override(load_preset("tiny"), runtime={"sessions": 1, "stall_report_s": 1.0}, video={"chunks_per_session": 3})
+    clean = serve(cfg, ServeOptions(out=str(tmp_path / "clean"), progress=False, probes=False))
+    assert clean.summary["stalls"] == [] and "stalled" not in clean.summary.get("flags", [])
+    res = serve(cfg, ServeOptions(out=str(tmp_path / "stall"), progress=False, probes=False,
+                                  faults={"vae:0": "stall-at-chunk:1:4"}))
+    # a loaded 2-core box can stretch an ordinary decode past 1 s too: the injected stall is the long one
+    stalls = [s for s in res.summary["stalls"] if s["lasted_s"] >= 3.0]
+    assert len(stalls) == 1 and stalls[0]["stage"] == "vae" and stalls[0]["chunk"] == 1, res.summary["stalls"]
+    assert 1.0 <= stalls[0]["reported_after_s"] <= 1.0 + 1.0 + 0.5  # bound + one poll period (+ scheduling)
+    assert "stalled" in res.summary["flags"] and res.summary["stall_report_s"] == 1.0
+    assert "stall: vae made no progress" in capfd.readouterr().err
+    assert res.summary["status"] == "complete"
+    hashes = [(r / "outputs" / "hashes.jsonl").read_text() for r in (clean.run_dir, res.run_dir)]
+    assert hashes[0] == hashes[1]  # the stall changed no frame

@@ -1,0 +1,236 @@
+"""Hostile clients against one real ``serve --listen 127.0.0.1:0`` (tiny preset, warmed up, a
+2 s idle timeout). Each test asserts the clear refusal, then that the server still serves a normal
+session whose frame hashes equal the clean reference session's; the last test stops the server
+and finds nothing left behind (processes, /dev/shm, a manifest that says how it ended)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import aiohttp
+import pytest
+from aiohttp import WSMsgType
+
+from harness.client import run_session, status
+from harness.drivers.procwatch import shm_names, wait_gone
+from harness.experiments.scenarios import ServerProcess
+from harness.measure.events import read_events
+from harness.pipeline import wsproto as W
+from harness.pipeline.guards import origin_error
+
+IDLE_S = 2.0
+SEED, CHUNKS = 11, 2
+HOSTILE: list[str] = []  # every hostile or malformed input tried here, by name
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = ServerProcess(["--preset", "tiny", "--window", "1", "--idle-timeout", str(IDLE_S), "--warmup-chunks", "2"],
+                        tmp_path_factory.mktemp("hostile") / "run")
+    srv.workers_at_start = srv.workers()
+    srv.reference = _normal(srv)  # the clean run every later session must reproduce
+    assert srv.reference.outcome == "complete" and len(srv.reference.frame_sha256) == 21
+    yield srv
+    if srv.proc.poll() is None:
+        srv.stop()
+
+
+def _normal(srv):
+    return asyncio.run(run_session(srv.url, preset="tiny", seed=SEED, chunks=CHUNKS))
+
+
+def _still_serving(srv) -> None:
+    rep = _normal(srv)
+    assert rep.outcome == "complete" and not rep.errors, rep.error
+    assert rep.frame_sha256 == srv.reference.frame_sha256
+    assert srv.proc.poll() is None
+
+
+def _hostport(srv) -> tuple[str, int]:
+    host, port = srv.url.split("//")[1].split("/")[0].rsplit(":", 1)
+    return host, int(port)
+
+
+def test_healthz_answers_ready_and_warm_up_wrote_nothing(server):
+    with urllib.request.urlopen(server.url.replace("ws://", "http://").replace("/session", "/healthz"), timeout=10) as r:
+        body = json.loads(r.read())
+    assert r.status == 200 and body["status"] == "ready" and body["preset"] == "tiny"
+    man = json.loads((server.out / "manifest.json").read_text())
+    assert man["protocol"]["warmup_chunks"] == 2
+    assert {e.epoch for e in read_events(server.out / "events.jsonl")} == {0}  # the reference only, no warm-up rows
+
+
+def test_silent_connections_are_closed_and_do_not_lock_others_out(server):
+    async def go():
+        async with aiohttp.ClientSession() as http:
+            socks = [await http.ws_connect(server.url) for _ in range(8)]  # every connection slot, silent
+            HOSTILE.extend(["silent websocket"] * 8)
+            t0 = time.monotonic()
+            closed = []
+            for ws in socks:
+                msgs = []
+                while True:
+                    m = await ws.receive(timeout=IDLE_S + 20)
+                    if m.type != WSMsgType.TEXT:
+                        break
+                    msgs.append(W.decode_server(m.data))
+                closed.append((ws.close_code, msgs))
+            return time.monotonic() - t0, closed
+
+    waited, closed = asyncio.run(go())
+    assert all(code == 1001 and any(isinstance(m, W.Error) and "without a running session" in m.message for m in msgs)
+               for code, msgs in closed), closed
+    assert waited < IDLE_S + 20
+    _still_serving(server)
+
+
+@pytest.mark.parametrize("payload", [b"", b"GET /session HTTP/1.1\r\nHost: 127.0.0.1"], ids=["nothing", "half-request"])
+def test_half_open_tcp_connections_time_out(server, payload):
+    HOSTILE.append(f"raw tcp {payload[:10]!r}")
+    s = socket.create_connection(_hostport(server), timeout=IDLE_S + 20)
+    try:
+        s.sendall(payload)
+        _still_serving(server)  # while that peer hangs, everyone else is served
+        assert s.recv(100) == b""  # the server closed it (a timeout would raise instead)
+    finally:
+        s.close()
+    _still_serving(server)
+
+
+@pytest.mark.parametrize("headers", [{"Origin": "http://evil.example"}, {"Host": "evil.example:80"},
+                                     {"Origin": "null"}], ids=["origin", "host", "null-origin"])
+def test_foreign_origin_or_host_is_refused(server, headers):
+    HOSTILE.append(f"foreign {headers}")
+
+    async def go():
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(aiohttp.WSServerHandshakeError) as e:
+                await http.ws_connect(server.url, headers=headers)
+            return e.value.status
+
+    assert asyncio.run(go()) == 403
+    _still_serving(server)
+
+
+def test_origin_rules():
+    listen = ("127.0.0.1", 8000)
+    assert origin_error("127.0.0.1:8000", None, listen, ()) is None
+    assert origin_error("localhost:8000", "http://localhost:8000", listen, ()) is None
+    assert "Host" in origin_error("127.0.0.1:8001", None, listen, ())  # another port: a rebound name
+    assert "Origin" in origin_error("127.0.0.1:8000", "https://a.example", listen, ())
+    assert origin_error("127.0.0.1:8000", "https://a.example", listen, ("https://a.example",)) is None
+    assert origin_error("proxy.example", "https://b.example", listen, ("*",)) is None
+    assert origin_error("anything:9000", None, ("0.0.0.0", 9000), ()) is None
+
+
+def test_a_session_longer_than_the_position_table_is_refused_at_start(server):
+    HOSTILE.append("start with 100000 chunks")
+
+    async def go():
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(server.url) as ws:
+                await ws.send_str(W.encode(W.Start(preset="tiny", seed=1, chunks=100_000)))
+                return W.decode_server((await ws.receive(timeout=30)).data)
+
+    msg = asyncio.run(go())
+    assert isinstance(msg, W.Error) and "position table holds 1024" in msg.message and not msg.fatal
+    _still_serving(server)
+
+
+def test_status_answers_only_the_connection_that_owned_the_session(server):
+    HOSTILE.append("status from a stranger")
+
+    async def own_session_then_status():
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(server.url) as ws:
+                await ws.send_str(W.encode(W.Start(preset="tiny", seed=SEED, chunks=1)))
+                while True:
+                    m = W.decode_server((await ws.receive(timeout=60)).data)
+                    if isinstance(m, W.NeedActions):
+                        await ws.send_str(W.encode(W.Actions(chunk=m.chunk, actions=["W"] * 3)))
+                    elif isinstance(m, W.ChunkHeader):
+                        assert (await ws.receive(timeout=60)).type == WSMsgType.BINARY
+                        await ws.send_str(W.encode(W.Ack(chunk=m.chunk, received_ns=time.monotonic_ns())))
+                    elif isinstance(m, W.Ended):
+                        break
+                await ws.send_str(W.encode(W.StatusRequest()))
+                mine = W.decode_server((await ws.receive(timeout=30)).data)
+                return m, mine, await status(server.url)
+
+    ended, mine, stranger = asyncio.run(own_session_then_status())
+    assert isinstance(mine, W.Status) and mine.last is not None and mine.last.session == ended.session
+    assert stranger.last is None and stranger.sessions_served == mine.sessions_served
+    HOSTILE.append("status with a wrong token")
+    assert asyncio.run(status(server.url, token="0" * 32)).last is None
+    operator = asyncio.run(status(server.url, token=server.operator_token()))
+    assert operator.last == mine.last
+    assert (server.out / "operator.token").stat().st_mode & 0o077 == 0
+    _still_serving(server)
+
+
+def test_an_ack_counts_only_for_media_that_left_the_server():
+    """A client acknowledging chunks it has not read (blind acks) gets no credit: the window bounds
+    the bytes in flight, since only media the transport took can be acknowledged."""
+    from harness.pipeline.server import _Session
+
+    class Conn:
+        open, written = True, set()
+
+        def post(self, item) -> None:
+            pass
+
+    conn = Conn()
+    sess = _Session(conn, W.Start(preset="tiny", seed=0), chunks=3, frames_per_chunk=3, window=1,
+                    action_timeout_s=1.0, stall_timeout_s=1.0)
+    sess.sent.append(0)  # posted to the connection's queue, not yet written to the socket
+    HOSTILE.extend(["blind ack", "ack of an unsent chunk"])
+    assert "before its media left the server" in sess.ack(W.Ack(chunk=0, received_ns=1))
+    assert "which was not sent" in sess.ack(W.Ack(chunk=1, received_ns=1))
+    conn.written.add(0)
+    assert sess.ack(W.Ack(chunk=0, received_ns=1)) is None and 0 in sess.acks
+
+
+def test_server_stops_and_leaves_nothing_behind(server):
+    workers = server.workers()
+    assert server.stop() == 0
+    assert not wait_gone(workers, 15)
+    assert not shm_names(f"harness-{server.pid}-")
+    man = json.loads((server.out / "manifest.json").read_text())
+    assert man["status"] == "complete" and man["stopped_by"] == "SIGTERM"
+    assert "Traceback" not in server.stderr()
+    print(f"hostile inputs tried by this module: {len(HOSTILE)}")
+
+
+def test_a_failure_in_a_sessions_own_code_cancels_that_session_only():
+    """A session whose connection raises while the driver forwards its media (or asks its actions)
+    is cancelled with the reason; nothing propagates into the driver, which ends the session
+    through the ordinary cancel path and keeps serving."""
+    from harness.pipeline.server import _Session
+
+    class BrokenConn:
+        open, written = True, set()
+
+        def post(self, item) -> None:
+            raise RuntimeError("socket exploded")
+
+    HOSTILE.append("connection raising mid-session")
+    sess = _Session(BrokenConn(), W.Start(preset="tiny", seed=0), chunks=3, frames_per_chunk=3, window=1,
+                    action_timeout_s=1.0, stall_timeout_s=1.0)
+    assert sess.actions_for(0) == [""] * 3
+    assert sess.reason == "session failed: RuntimeError: socket exploded" and sess.should_cancel(0, [])
+
+    class Msg:
+        encoded, media, pixel_sha256, frame_sha256 = 1, b"x", "", []
+
+    class Ev:
+        session, chunk, frames, blocked_ns = 0, 0, 9, {}
+
+    sess2 = _Session(BrokenConn(), W.Start(preset="tiny", seed=0), chunks=3, frames_per_chunk=3, window=1,
+                     action_timeout_s=1.0, stall_timeout_s=1.0)
+    sess2.on_chunk(Ev(), Msg())  # must not raise
+    assert sess2.reason.startswith("session failed:") and 0 in sess2.events
