@@ -308,11 +308,41 @@ def _lazy(module: str, attr: str):
     return run
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, stopped like Ctrl-C: the run tears down its processes and its manifest says
+    ``interrupted``."""
+
+
+EXIT_SIGTERM = 128 + 15
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated("SIGTERM")
+
+
+def install_stop_handlers() -> dict:
+    """Own handlers for SIGINT and SIGTERM: a command started with SIGINT ignored (a background job
+    of a non-interactive shell inherits that) must still stop on it. Returns the previous ones."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+            signal.SIGTERM: signal.signal(signal.SIGTERM, _on_sigterm)}
+
+
 def main(argv: list[str] | None = None) -> int:
+    import signal
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = install_stop_handlers()
     try:
         return int(args.fn(args) or 0)
+    except Terminated:
+        print("terminated (SIGTERM)", file=sys.stderr)
+        return EXIT_SIGTERM
     except HarnessError as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"error: {msg}", file=sys.stderr)
@@ -322,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:  # main() also runs in-process (tests): leave the caller's handlers as they were
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":
