@@ -155,21 +155,19 @@ def headline(summary: dict, scheduler: str | None = None) -> list[str]:
     """The console headline: every label is a ``measure.figures`` label (one definition each)."""
     from harness.measure import figures as F
 
-    heads = [F.label(n) for n in HEADLINE_COLUMNS]
-    widths = [max(len(h), 10) for h in heads]
-    out = ["  " + "  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(heads, widths)))]
+    rows: list[list[str]] = []
     bounds = summary.get("boundaries", {})
     flagged = False
     for name in ("cpu_ready", "encoded", "delivered"):
         b = bounds.get(name)
         if not b or not b["intervals"]["n"]:
-            out.append(f"  {name.ljust(widths[0])}  no steady samples")
+            rows.append([name, "no steady samples"])
             continue
         iv = b["intervals"]
         flagged |= iv["p99_is_max"]
-        cells = [f"{b['fps_steady']:.2f}", "—" if b.get("fps_median") is None else f"{b['fps_median']:.2f}",
-                 f"{iv['p50_ms']:.1f}", f"{iv['p99_ms']:.1f}" + ("*" if iv["p99_is_max"] else ""), str(iv["n"])]
-        out.append("  " + name.ljust(widths[0]) + "  " + "  ".join(c.rjust(w) for c, w in zip(cells, widths[1:])))
+        rows.append([name, f"{b['fps_steady']:.2f}", "—" if b.get("fps_median") is None else f"{b['fps_median']:.2f}",
+                     f"{iv['p50_ms']:.1f}", f"{iv['p99_ms']:.1f}" + ("*" if iv["p99_is_max"] else ""), str(iv["n"])])
+    out = F.console_table(HEADLINE_COLUMNS, rows)
     if flagged:
         out.append(f"  {F.label('p99_is_max')} {F.define('p99_is_max').formula}")
     ttfc = summary.get("ttfc", {}).get("delivered", {})

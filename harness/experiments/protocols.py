@@ -20,7 +20,9 @@ import msgspec
 from harness.config import HarnessConfig, override
 from harness.drivers.serve import ServeOptions, ServeResult, serve
 from harness.errors import HarnessError
+from harness.measure import figures as F
 from harness.measure import tails
+from harness.measure.report import SLOWEST_COLUMNS
 from harness.measure.metrics import window_for
 
 ProtocolName = Literal["timing", "long-tail"]
@@ -91,18 +93,28 @@ def run_protocol(name: str, cfg: HarnessConfig, opts: ServeOptions, sessions: in
     return serve(apply(cfg, proto), serve_options(proto, opts))
 
 
+def _tail_row(b: str, t: dict) -> list[str]:
+    return [b, *(f"{p['ms']:.1f}" + ("*" if p["is_max"] else "") for p in t["percentiles"]), f"{t['max_ms']:.1f}",
+            str(t["n"]), str(t["n_sessions"])]
+
+
 def protocol_lines(summary: dict, top: int = 3) -> list[str]:
-    """Console lines a protocol adds to serve's headline."""
+    """Console lines a protocol adds to serve's headline: small tables headed by ``measure.figures``
+    labels, like the headline."""
     lt = summary.get("long_tail")
     if not lt:
         return []
-    out = []
-    for b, t in lt["boundaries"].items():
-        pct = "  ".join(f"P{p['p']:g} {p['ms']:.1f} ms" + (" (=max)" if p["is_max"] else "") for p in t["percentiles"])
-        out.append(f"  long-tail {b:<10} {pct}  max {t['max_ms']:.1f} ms  (n={t['n']}, {t['n_sessions']} sessions)")
-    for s in lt["slowest"][:top]:
-        out.append(f"  slowest #{s['rank']}: epoch {s['epoch']} chunk {s['chunk']} {s['interval_ms']:.1f} ms "
-                   f"(+{s['excess_ms']:.1f} vs median) — grew: {s['grew'] or '-'}, first late at {s['first_late'] or '-'}")
+    pcts = [p["p"] for t in list(lt["boundaries"].values())[:1] for p in t["percentiles"]]
+    cols = ("boundary", *(f"interval_p{p:g}" for p in pcts), "interval_max", "n", "sessions")
+    out = [f"  {F.label('tail_percentiles')}:", *F.console_table(cols, [_tail_row(b, t) for b, t in lt["boundaries"].items()], indent="    ")]
+    if any(p["is_max"] for t in lt["boundaries"].values() for p in t["percentiles"]):
+        out.append("    * too few samples for that percentile: it is the maximum")
+    slow = lt["slowest"][:top]
+    if slow:
+        rows = [[str(s["rank"]), str(s["epoch"]), str(s["chunk"]), f"{s['interval_ms']:.1f}", f"{s['excess_ms']:+.1f}",
+                 s["grew"] or "—", s["first_late"] or "—"] for s in slow]
+        out += [f"  slowest steady intervals @ {lt['reference']} ({len(slow)} of {len(lt['slowest'])}):",
+                *F.console_table(SLOWEST_COLUMNS, rows, indent="    ")]
     if lt["culprits"]:
-        out.append("  culprits over the slowest: " + ", ".join(f"{k} {v}" for k, v in lt["culprits"].items()))
+        out.append(f"  {F.label('culprits')}: " + ", ".join(f"{k} {v}" for k, v in lt["culprits"].items()))
     return out

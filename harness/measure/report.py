@@ -531,10 +531,13 @@ def run_section(view: RunView, label: str) -> list[str]:
     return lines
 
 
-def definitions_section(views: Sequence[RunView]) -> list[str]:
-    """Every column and headline figure of the report, defined once (``measure.figures``)."""
+def definitions_section(production: bool = False) -> list[str]:
+    """Every column and row figure of the report, defined once (``measure.figures``)."""
+    from harness.measure import production as P
+
+    names = REPORT_FIGURES + ((*P.COLUMNS, *P.FIGURE_OF.values()) if production else ())
     lines = ["## figure definitions", "", "Every column above, once. "
-             "Labels that read differently under a scheduler are the same figure.", "", *F.table_md(REPORT_FIGURES)]
+             "Labels that read differently under a scheduler are the same figure.", "", *F.table_md(tuple(dict.fromkeys(names)))]
     return lines + [""]
 
 
@@ -545,18 +548,20 @@ def production_section(view: RunView, bench: dict | None) -> list[str]:
     cfg = view.manifest.get("config", {})
     video, parallel = cfg.get("video", {}), cfg.get("parallel", {})
     res = (video.get("height"), video.get("width"))
-    head = ["### against the production figures (DESIGN §12)", ""]
+    res_s = f"{res[0]}×{res[1]}"
+    head = [f"### against the production figures (DESIGN §12, {res_s})", ""]
     if res not in P.PRODUCTION:
         return head + [f"No production figures for {res[0]}×{res[1]} (DESIGN §12 has 480×832 and 704×1280).", ""]
     layers = cfg.get("model", {}).get("num_layers")
     if bench is not None and (bench.get("preset"), bench.get("layers", layers)) != (cfg.get("name"), layers):
         return head + [f"--bench is for {bench.get('preset')!r} with {bench.get('layers')} layers, this run is "
                        f"{cfg.get('name')!r} with {layers}: its FLOPs do not apply, so no table.", ""]
-    rows = P.production_rows(view.summary, view.events, view.sessions, view.window, res, parallel, bench)
+    rows = P.production_rows(view.summary, view.events, view.sessions, view.window, res, parallel, bench,
+                             view.manifest.get("scheduler"))
     setup = (f"This run: SP={parallel.get('sp')}, VAE ranks={parallel.get('vae_ranks')}, mode "
              f"{cfg.get('runtime', {}).get('mode')}, {view.label}. Production: 4 GPUs, SP=4 + 4 VAE ranks sharing "
              "them, compiled, Case D.")
-    return head + [setup, ""] + P.render_rows(rows, res) + [""]
+    return head + [setup, ""] + P.render_rows(rows) + [""]
 
 
 def render_md(views: Sequence[RunView], plots: Sequence[Plotted], out: Path, production: bool = False,
@@ -567,7 +572,7 @@ def render_md(views: Sequence[RunView], plots: Sequence[Plotted], out: Path, pro
         lines += run_section(v, l)
         if production:
             lines += production_section(v, bench)
-    lines += definitions_section(views)
+    lines += definitions_section(production)
     lines += ["## plots", ""]
     titles = {
         "intervals_hist.png": "Steady delivery intervals per boundary",

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from harness.cli import main
+from harness.measure import figures as F
 from harness.measure import metrics as M
 from harness.measure import report as R
 from harness.measure.events import write_events, write_sessions
@@ -124,32 +125,38 @@ def test_report_against_production(tmp_path, event_tables, capsys):
     bench = {"preset": "lingbot-480x832", "flops": {"dit_flops": 4e14, "vae_conv_flops": 1.2e13},
              "peak_bf16_tflops": 800.0, "peak_tf32_tflops": 400.0}
     view = R.load_view(d)
-    rows = {r.label: r for r in P.production_rows(view.summary, view.events, view.sessions, view.window, (480, 832),
-                                                  cfg["parallel"], bench)}
-    dit = rows["DiT per chunk (ms)"]
+    rows = {r.key if r.key != "fps" else r.label: r for r in P.production_rows(
+        view.summary, view.events, view.sessions, view.window, (480, 832), cfg["parallel"], bench, "case-d")}
+    dit = rows["dit_ms"]
     assert dit.ours == pytest.approx(40) and dit.ratio == pytest.approx(40 / 678) and dit.advantage == pytest.approx(678 / 40)
-    mfu = rows["DiT MFU (bf16 dense)"]
+    mfu = rows["dit_mfu"]
     assert mfu.ours == pytest.approx(4e14 / 0.040 / (800e12 * 4))  # FLOPs / GPU time / (peak × SP ranks)
     assert mfu.advantage == pytest.approx(mfu.ours / 0.49)
-    assert rows["VAE decode MFU (TF32 dense)"].ours == pytest.approx(1.2e13 / 0.030 / (400e12 * 4))
-    assert rows["handoff cpu_ready → next dit_start (ms)"].ours == pytest.approx(event_tables.GAP + 1)
+    assert rows["vae_mfu"].ours == pytest.approx(1.2e13 / 0.030 / (400e12 * 4))
+    assert rows["handoff_ms"].ours == pytest.approx(event_tables.GAP + 1)
     seg = event_tables.NOMINAL
-    assert rows["VAE segment per chunk, latent_ready → cpu_ready (ms)"].ours == pytest.approx(
+    assert rows["vae_segment_ms"].ours == pytest.approx(
         sum(seg[k] for k in ("decode_wait", "decode_queue", "decode", "convert", "d2h")))
-    fps = rows["steady FPS @ cpu_ready"]
+    fps = rows["FPS (mean interval) @ cpu_ready"]
     assert fps.production.lo == 14.4 and fps.advantage == pytest.approx(fps.ours / 14.5)
     # through the CLI: the table lands in report.md; a file that is not a GPU bench result is refused
     (tmp_path / "bench.json").write_text(json.dumps(bench))
     assert main(["report", str(d), "--bench", str(tmp_path / "bench.json"), "--out", str(tmp_path / "rep")]) == 0
     md = (tmp_path / "rep" / "report.md").read_text()
-    assert "against the production figures" in md and "| DiT per chunk (ms) | 40.0 | 678.0 | 0.059 | 16.95× |" in md
+    assert "against the production figures (DESIGN §12, 480×832)" in md and "| DiT P50 ms | 40.0 | 678.0 | 0.059 | 16.95× |" in md
+    # every column and row of the production table is a figure of the one table, defined in the report
+    section = md.split("### against the production figures", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0].splitlines()
+    assert [F.resolve(c).name for c in table_headers("\n".join(section[:2]))] == list(P.COLUMNS)
+    assert {F.resolve(r.split("|")[1].split(" @ ")[0]).name for r in section[2:]} == set(P.FIGURE_OF.values())
+    for name in (*P.COLUMNS, *P.FIGURE_OF.values()):
+        assert md.count(f"| `{name}` |") == 1, name
     # FLOPs of another depth (a --set model.num_layers run, say) must not make an MFU
     cfg["model"] = {"num_layers": 4}
     (d / "manifest.json").write_text(json.dumps({"scheduler": "case-d", "config": cfg}))
     (tmp_path / "bench40.json").write_text(json.dumps({**bench, "layers": 40}))
     assert main(["report", str(d), "--bench", str(tmp_path / "bench40.json"), "--out", str(tmp_path / "rep4")]) == 0
     md = (tmp_path / "rep4" / "report.md").read_text()
-    assert "its FLOPs do not apply" in md and "| DiT MFU" not in md
+    assert "its FLOPs do not apply" in md and "| DiT MFU" not in md.split("## figure definitions")[0]
     (tmp_path / "cpu.json").write_text(json.dumps({"preset": "tiny", "flops": {}}))
     assert main(["report", str(d), "--bench", str(tmp_path / "cpu.json")]) != 0
     assert "not a GPU bench-engine" in capsys.readouterr().err
