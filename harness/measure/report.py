@@ -484,7 +484,8 @@ def run_section(view: RunView, label: str) -> list[str]:
     lines = [
         f"## {label}",
         "",
-        f"`{view.dir}` — valid {s.get('valid', '?')}" + (f", flags: {', '.join(s['flags'])}" if s.get("flags") else ""),
+        f"`{view.dir}` — status {s.get('status', '?')}, valid {s.get('valid', '?')}"
+        + (f", flags: {', '.join(s['flags'])}" if s.get("flags") else ""),
         "",
         f"Window: {w.get('definition', '?')}. Percentiles: {w.get('percentile_rule', '?')}.",
         "",
