@@ -22,7 +22,6 @@ from harness.drivers.serve import ServeOptions, ServeResult, serve
 from harness.errors import HarnessError
 from harness.measure import figures as F
 from harness.measure import tails
-from harness.measure.report import SLOWEST_COLUMNS
 from harness.measure.metrics import window_for
 
 ProtocolName = Literal["timing", "long-tail"]
@@ -93,28 +92,20 @@ def run_protocol(name: str, cfg: HarnessConfig, opts: ServeOptions, sessions: in
     return serve(apply(cfg, proto), serve_options(proto, opts))
 
 
-def _tail_row(b: str, t: dict) -> list[str]:
-    return [b, *(f"{p['ms']:.1f}" + ("*" if p["is_max"] else "") for p in t["percentiles"]), f"{t['max_ms']:.1f}",
-            str(t["n"]), str(t["n_sessions"])]
-
-
 def protocol_lines(summary: dict, top: int = 3) -> list[str]:
     """Console lines a protocol adds to serve's headline: small tables headed by ``measure.figures``
-    labels, like the headline."""
+    labels, like the headline (the report shows the same tables)."""
     lt = summary.get("long_tail")
     if not lt:
         return []
-    pcts = [p["p"] for t in list(lt["boundaries"].values())[:1] for p in t["percentiles"]]
-    cols = ("boundary", *(f"interval_p{p:g}" for p in pcts), "interval_max", "n", "sessions")
-    out = [f"  {F.label('tail_percentiles')}:", *F.console_table(cols, [_tail_row(b, t) for b, t in lt["boundaries"].items()], indent="    ")]
-    if any(p["is_max"] for t in lt["boundaries"].values() for p in t["percentiles"]):
+    cols, rows = tails.percentile_table(lt)
+    out = [f"  {F.label('tail_percentiles')}:", *F.console_table(cols, rows, indent="    ")]
+    if any(c.endswith("*") for r in rows for c in r):
         out.append("    * too few samples for that percentile: it is the maximum")
-    slow = lt["slowest"][:top]
+    slow = tails.slowest_table(lt, top)
     if slow:
-        rows = [[str(s["rank"]), str(s["epoch"]), str(s["chunk"]), f"{s['interval_ms']:.1f}", f"{s['excess_ms']:+.1f}",
-                 s["grew"] or "—", s["first_late"] or "—"] for s in slow]
         out += [f"  slowest steady intervals @ {lt['reference']} ({len(slow)} of {len(lt['slowest'])}):",
-                *F.console_table(SLOWEST_COLUMNS, rows, indent="    ")]
+                *F.console_table(tails.SLOWEST_COLUMNS, slow, indent="    ")]
     if lt["culprits"]:
         out.append(f"  {F.label('culprits')}: " + ", ".join(f"{k} {v}" for k, v in lt["culprits"].items()))
     return out

@@ -29,6 +29,7 @@ import numpy as np
 from harness.measure import figures as F
 from harness.measure import metrics as M
 from harness.measure import stats as S
+from harness.measure import tails as T
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, read_run
 from harness.measure.summary import SUMMARY_FILE, build_summary, dist
 
@@ -466,10 +467,14 @@ TTFC_COLUMNS = ("boundary", "n", "ttfc_p50", "ttfc_min", "ttfc_max")
 STAGE_COLUMNS = ("stage", "span", "n", "stage_p50", "stage_mean", "stage_share", "stage_of_interval")
 HANDOFF_COLUMNS = ("handoff_p50", "n")
 BLOCKED_COLUMNS = ("blocked_stage", "blocked_total", "blocked_max", "chunks_blocked")
-SLOWEST_COLUMNS = ("rank", "epoch", "chunk", "slow_interval", "slow_excess", "slow_grew", "slow_first_late")
 #: Figures a report defines; the definition table at its end lists them all, once.
+LONG_TAIL_FIGURES = ("tail_percentiles", "interval_p95", "culprits", *T.SLOWEST_COLUMNS)
 REPORT_FIGURES = tuple(dict.fromkeys(BOUNDARY_COLUMNS + HEADLINE_COLUMNS + TTFC_COLUMNS + STAGE_COLUMNS + HANDOFF_COLUMNS
-                                     + BLOCKED_COLUMNS + SLOWEST_COLUMNS + ("p99_is_max",)))
+                                     + BLOCKED_COLUMNS + ("p99_is_max",) + LONG_TAIL_FIGURES))
+
+
+def _md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 def _p99(d: dict) -> str:
@@ -523,11 +528,14 @@ def run_section(view: RunView, label: str) -> list[str]:
         for k, bl in s["blocked"].items():
             lines.append(f"| {k} | {_f(bl['total_ms'])} | {_f(bl['max_ms'])} | {bl['chunks_blocked']} / {bl['chunks']} |")
     lt = s.get("long_tail")
+    if lt and lt.get("boundaries"):
+        cols, rows = T.percentile_table(lt)
+        lines += ["", f"### {F.label('tail_percentiles')}", "", *F.header(cols), *map(_md_row, rows)]
     if lt and lt.get("slowest"):
-        lines += ["", f"### slowest steady intervals @ {lt['reference']}", "", *F.header(SLOWEST_COLUMNS)]
-        for x in lt["slowest"]:
-            lines.append(f"| {x['rank']} | {x['epoch']} | {x['chunk']} | {x['interval_ms']:.1f} | {x['excess_ms']:+.1f} | "
-                         f"{x['grew'] or '—'} | {x['first_late'] or '—'} |")
+        lines += ["", f"### slowest steady intervals @ {lt['reference']}", "", *F.header(T.SLOWEST_COLUMNS),
+                  *map(_md_row, T.slowest_table(lt))]
+        if lt.get("culprits"):
+            lines += ["", f"{F.label('culprits')}: " + ", ".join(f"{k} {v}" for k, v in lt["culprits"].items()) + "."]
     lines.append("")
     return lines
 

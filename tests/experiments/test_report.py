@@ -294,3 +294,6 @@ def test_a_long_tail_report_breaks_the_slowest_intervals_down_by_stage(tmp_path,
     assert "sink" not in first  # after the reference boundary: not part of this interval
     md = R.write_report([d], tmp_path / "rep").read_text()
     assert f"]({R.SLOWEST_PLOT})" in md and "### slowest steady intervals @ cpu_ready" in md
+    assert f"### {F.label('tail_percentiles')}" in md and f"{F.label('culprits')}: dit 1, decode 1." in md
+    for cell in table_headers(md):  # the long-tail tables too: every column a figure, defined once
+        assert md.count(f"| `{F.resolve(cell).name}` |") == 1, cell
