@@ -159,55 +159,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def print_headline(run_dir: Path, summary: dict) -> None:
-    """The run's headline; the scheduler (which names the handoff figure) is the manifest's, which
-    candidates may have changed from the command line's."""
-    import json
+    from harness.measure.headline import run_headline
 
-    print(f"run directory: {run_dir}")
-    try:
-        scheduler = json.loads((Path(run_dir) / "manifest.json").read_text()).get("scheduler")
-    except (OSError, ValueError):
-        scheduler = None
-    for line in headline(summary, scheduler):
+    for line in run_headline(run_dir, summary):
         print(line)
-
-
-#: The headline's columns, by figure name (``measure.figures`` defines and labels each).
-HEADLINE_COLUMNS = ("boundary", "fps_mean", "fps_median", "interval_p50", "interval_p99", "n")
-
-
-def headline(summary: dict, scheduler: str | None = None) -> list[str]:
-    """The console headline: every label is a ``measure.figures`` label (one definition each)."""
-    from harness.measure import figures as F
-
-    heads = [F.label(n) for n in HEADLINE_COLUMNS]
-    widths = [max(len(h), 10) for h in heads]
-    out = ["  " + "  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(heads, widths)))]
-    bounds = summary.get("boundaries", {})
-    flagged = False
-    for name in ("cpu_ready", "encoded", "delivered"):
-        b = bounds.get(name)
-        if not b or not b["intervals"]["n"]:
-            out.append(f"  {name.ljust(widths[0])}  no steady samples")
-            continue
-        iv = b["intervals"]
-        flagged |= iv["p99_is_max"]
-        cells = [f"{b['fps_steady']:.2f}", "—" if b.get("fps_median") is None else f"{b['fps_median']:.2f}",
-                 f"{iv['p50_ms']:.1f}", f"{iv['p99_ms']:.1f}" + ("*" if iv["p99_is_max"] else ""), str(iv["n"])]
-        out.append("  " + name.ljust(widths[0]) + "  " + "  ".join(c.rjust(w) for c, w in zip(cells, widths[1:])))
-    if flagged:
-        out.append(f"  {F.label('p99_is_max')} {F.define('p99_is_max').formula}")
-    ttfc = summary.get("ttfc", {}).get("delivered", {})
-    if ttfc.get("p50_ms") is not None:
-        out.append(f"  {F.label('ttfc_p50')} @ delivered: {ttfc['p50_ms']:.1f}")
-    h = summary.get("handoff", {})
-    if h.get("p50_ms") is not None:
-        out.append(f"  {F.label('handoff_p50', scheduler)}: {h['p50_ms']:.2f}")
-    out.append(f"  {F.label('fps_mean')} = Σ frames ÷ Σ intervals; percentiles are nearest-rank; every figure is "
-               "defined in report.md and the README (Figures)")
-    if not summary.get("valid", True):
-        out.append(f"  summary flags: {', '.join(summary.get('flags', []))}")
-    return out
 
 
 def cmd_gate(args: argparse.Namespace) -> int:

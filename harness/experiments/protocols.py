@@ -20,6 +20,7 @@ import msgspec
 from harness.config import HarnessConfig, override
 from harness.drivers.serve import ServeOptions, ServeResult, serve
 from harness.errors import HarnessError
+from harness.measure import figures as F
 from harness.measure import tails
 from harness.measure.metrics import window_for
 
@@ -92,17 +93,19 @@ def run_protocol(name: str, cfg: HarnessConfig, opts: ServeOptions, sessions: in
 
 
 def protocol_lines(summary: dict, top: int = 3) -> list[str]:
-    """Console lines a protocol adds to serve's headline."""
+    """Console lines a protocol adds to serve's headline: small tables headed by ``measure.figures``
+    labels, like the headline (the report shows the same tables)."""
     lt = summary.get("long_tail")
     if not lt:
         return []
-    out = []
-    for b, t in lt["boundaries"].items():
-        pct = "  ".join(f"P{p['p']:g} {p['ms']:.1f} ms" + (" (=max)" if p["is_max"] else "") for p in t["percentiles"])
-        out.append(f"  long-tail {b:<10} {pct}  max {t['max_ms']:.1f} ms  (n={t['n']}, {t['n_sessions']} sessions)")
-    for s in lt["slowest"][:top]:
-        out.append(f"  slowest #{s['rank']}: epoch {s['epoch']} chunk {s['chunk']} {s['interval_ms']:.1f} ms "
-                   f"(+{s['excess_ms']:.1f} vs median) — grew: {s['grew'] or '-'}, first late at {s['first_late'] or '-'}")
+    cols, rows = tails.percentile_table(lt)
+    out = [f"  {F.label('tail_percentiles')}:", *F.console_table(cols, rows, indent="    ")]
+    if any(c.endswith("*") for r in rows for c in r):
+        out.append("    * too few samples for that percentile: it is the maximum")
+    slow = tails.slowest_table(lt, top)
+    if slow:
+        out += [f"  slowest steady intervals @ {lt['reference']} ({len(slow)} of {len(lt['slowest'])}):",
+                *F.console_table(tails.SLOWEST_COLUMNS, slow, indent="    ")]
     if lt["culprits"]:
-        out.append("  culprits over the slowest: " + ", ".join(f"{k} {v}" for k, v in lt["culprits"].items()))
+        out.append(f"  {F.label('culprits')}: " + ", ".join(f"{k} {v}" for k, v in lt["culprits"].items()))
     return out

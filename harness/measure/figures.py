@@ -40,11 +40,11 @@ _TABLE: tuple[Figure, ...] = (
            formula="the two boundaries that open and close the stage"),
     Figure(name="blocked_stage", label="blocked stage", unit="—", where="metrics.blocked_time",
            formula="the producer that waited on a full queue or ring slot"),
-    Figure(name="rank", label="#", unit="—", where="tails.slowest_samples",
+    Figure(name="rank", label="#", keys=("rank",), unit="—", where="tails.slowest_samples",
            formula="1 = the slowest steady interval at the reference boundary"),
-    Figure(name="epoch", label="epoch", unit="—", where="events.ChunkEvent",
+    Figure(name="epoch", label="epoch", keys=("epoch",), unit="—", where="events.ChunkEvent",
            formula="the session's epoch (epoch 0 is warm-up)"),
-    Figure(name="chunk", label="chunk", unit="—", where="events.ChunkEvent",
+    Figure(name="chunk", label="chunk", keys=("chunk",), unit="—", where="events.ChunkEvent",
            formula="chunk index in its session, from 0"),
     # ---- counts -------------------------------------------------------------------------
     Figure(name="n", label="n", keys=("n",), unit="samples", where="metrics.Selection",
@@ -133,6 +133,53 @@ _TABLE: tuple[Figure, ...] = (
            formula="the first boundary, data-flow order, already late by ≥ half the reference excess"),
     Figure(name="slow_stage_excess", label="stage excess ms", keys=("excess_ms",), unit="ms", where="tails.slowest_samples",
            formula="a stage's duration on the slow chunk − its median over steady chunks"),
+    Figure(name="slow_ms", label="on the slow chunk ms", keys=("ms",), unit="ms", where="tails.slowest_samples",
+           formula="a boundary's interval or a stage's duration on the slow chunk"),
+    Figure(name="slow_median", label="median ms", keys=("median_ms",), unit="ms", where="tails.stage_medians",
+           formula="the nearest-rank median of the same interval or stage over steady chunks: what a slow chunk is compared with"),
+    Figure(name="session", label="session", keys=("session",), unit="—", where="events.ChunkEvent",
+           formula="the session's index in the run"),
+    Figure(name="interval_p95", label="interval P95 ms", unit="ms", where="stats.percentile",
+           formula="95th percentile of the steady intervals, nearest rank; the maximum (marked *) while n < 20"),
+    Figure(name="tail_percentiles", label="long-tail percentiles", keys=("p", "ms", "low_ms", "high_ms", "is_max"),
+           unit="ms", where="tails.boundary_tail",
+           formula="per boundary, for each p of tails.TAIL_PERCENTILES: the steady interval's P_p (ms, nearest rank, "
+                   "so P50/P99 are interval P50/P99 ms), its 95 % session-bootstrap interval [low_ms, high_ms], "
+                   "and is_max when too few samples made it the maximum"),
+    Figure(name="culprits", label="culprits over the slowest", keys=("culprits",), unit="samples", where="tails.culprit_counts",
+           formula="per stage, how many of the slowest samples it was the one that grew in"),
+    Figure(name="slowest_requested", label="slowest requested", keys=("slowest_requested",), unit="samples",
+           where="tails.TailSummary", formula="how many slowest samples the long-tail protocol was asked to break down"),
+    # ---- beside production (report --against-production; production: DESIGN §12) -------------
+    Figure(name="prod_figure", label="compared figure", unit="—", where="production.production_rows",
+           formula="the run's figure the row compares, labelled as in this table (@ the boundary it is taken at)"),
+    Figure(name="prod_ours", label="ours", unit="as the figure", where="production.production_rows",
+           formula="this run's value of the row's figure"),
+    Figure(name="prod_value", label="production (DESIGN §12)", unit="as the figure", where="production.PRODUCTION",
+           formula="production's value at the run's resolution (lo–hi where it reported a range)"),
+    Figure(name="prod_ratio", label="ours ÷ production", unit="×", where="production.row",
+           formula="ours ÷ production (the range's midpoint)"),
+    Figure(name="prod_advantage", label="× better", unit="×", where="production.row",
+           formula="how many times better ours is in the figure's own direction (> 1: better): the ratio where higher "
+                   "is better, its inverse where lower is"),
+    Figure(name="prod_note", label="note", unit="—", where="production.production_rows",
+           formula="what qualifies the row: GPU-event or host-observed time, the P99's CI, why a value is missing"),
+    Figure(name="dit_p50", label="DiT P50 ms", unit="ms", where="production.production_rows",
+           formula="stage P50 of dit (dit_start → dit_end): the DiT's time per chunk"),
+    Figure(name="vae_segment_p50", label="VAE segment P50 ms (latent_ready → cpu_ready)", unit="ms",
+           where="production.production_rows",
+           formula="nearest-rank median over steady chunks of cpu_ready − latent_ready: wait, decode, convert and D2H"),
+    Figure(name="decode_p50", label="VAE decode P50 ms", unit="ms", where="production.production_rows",
+           formula="stage P50 of decode (decode_start → decode_end)"),
+    Figure(name="ipc_p50", label="metadata IPC P50 ms (cpu_ready → received)", unit="ms", where="production.production_rows",
+           formula="stage P50 of ipc: the slot's metadata from VAE rank 0 to the encoder"),
+    Figure(name="all_gpu_idle_p50", label="all GPUs idle P50 ms per interval", unit="ms", where="metrics.all_gpu_idle",
+           formula="per steady interval (cpu_ready(i−1), cpu_ready(i)], the host-observed time no GPU work of the "
+                   "session was in flight; nearest-rank median"),
+    Figure(name="dit_mfu", label="DiT MFU (bf16 dense)", unit="%", where="production.mfu",
+           formula="DiT FLOPs of a steady chunk (bench-engine --json) ÷ GPU-event DiT P50 ÷ (bf16 dense peak × SP ranks)"),
+    Figure(name="vae_mfu", label="VAE decode MFU (TF32 dense)", unit="%", where="production.mfu",
+           formula="VAE conv FLOPs of a chunk (bench-engine --json) ÷ GPU-event decode P50 ÷ (TF32 dense peak × VAE ranks)"),
 )
 
 FIGURES: dict[str, Figure] = {f.name: f for f in _TABLE}
@@ -181,3 +228,19 @@ def header(names: list[str] | tuple[str, ...], scheduler: str | None = None) -> 
     """A markdown table header whose columns are the figures' labels."""
     return ["| " + " | ".join(label(n, scheduler) for n in names) + " |",
             "|" + "|".join("---" if define(n).unit == "—" else "---:" for n in names) + "|"]
+
+
+def console_table(names: list[str] | tuple[str, ...], rows: list[list[str]], scheduler: str | None = None,
+                  indent: str = "  ") -> list[str]:
+    """A console table whose header is the figures' labels: the first column left-aligned, the
+    others right-aligned; a shorter row (``[boundary, "no steady samples"]``) runs on after its first cell."""
+    heads = [label(n, scheduler) for n in names]
+    full = [r for r in rows if len(r) == len(names)]
+    widths = [max([len(h), 10] + [len(r[i]) for r in full]) for i, h in enumerate(heads)]
+
+    def line(cells: list[str]) -> str:
+        if len(cells) < len(names):
+            return indent + "  ".join([cells[0].ljust(widths[0]), *cells[1:]])
+        return indent + "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return [line(heads)] + [line(r) for r in rows]

@@ -11,6 +11,7 @@ from typing import Literal
 
 import msgspec
 
+from harness.measure import figures as F
 from harness.measure import metrics as M
 from harness.measure.stats import nearest_rank
 from harness.measure.events import ChunkEvent, SessionStart
@@ -44,13 +45,19 @@ PRODUCTION: dict[tuple[int, int], dict[str, Figure]] = {
     },
 }
 
-LABELS = {
-    "fps": "steady FPS", "dit_ms": "DiT per chunk (ms)", "vae_segment_ms": "VAE segment per chunk, latent_ready → cpu_ready (ms)",
-    "decode_ms": "VAE decode (ms)", "handoff_ms": "handoff cpu_ready → next dit_start (ms)",
-    "ipc_ms": "metadata IPC cpu_ready → received (ms)", "all_gpu_idle_ms": "all GPUs idle at once per chunk (ms)",
-    "dit_mfu": "DiT MFU (bf16 dense)", "vae_mfu": "VAE decode MFU (TF32 dense)", "ttfc_ms": "TTFC @ cpu_ready (ms)",
-    "p99_ms": "P99 steady interval @ cpu_ready (ms)",
+#: Row key → the figure (``measure.figures``) whose label the row carries.
+FIGURE_OF = {
+    "fps": "fps_mean", "dit_ms": "dit_p50", "vae_segment_ms": "vae_segment_p50", "decode_ms": "decode_p50",
+    "handoff_ms": "handoff_p50", "ipc_ms": "ipc_p50", "all_gpu_idle_ms": "all_gpu_idle_p50", "dit_mfu": "dit_mfu",
+    "vae_mfu": "vae_mfu", "ttfc_ms": "ttfc_p50", "p99_ms": "interval_p99",
 }
+#: The table's columns, by figure name.
+COLUMNS = ("prod_figure", "prod_ours", "prod_value", "prod_ratio", "prod_advantage", "prod_note")
+
+
+def row_label(key: str, scheduler: str | None = None, at: str | None = None) -> str:
+    """The row's label: its figure's (per scheduler), and the boundary it is taken at."""
+    return F.label(FIGURE_OF[key], scheduler) + (f" @ {at}" if at else "")
 
 
 class Row(msgspec.Struct, frozen=True):
@@ -75,7 +82,7 @@ def row(key: str, ours: float | None, production: Figure | None, label: str | No
     if ours is not None and production is not None and production.mid > 0 and ours > 0:
         ratio = ours / production.mid
         advantage = ratio if production.better == "higher" else 1 / ratio
-    return Row(key, label or LABELS[key], ours, production, ratio, advantage, note)
+    return Row(key, label or row_label(key), ours, production, ratio, advantage, note)
 
 
 def _p50_ms(ns: list[int]) -> float | None:
@@ -83,8 +90,10 @@ def _p50_ms(ns: list[int]) -> float | None:
 
 
 def production_rows(summary: dict, events: list[ChunkEvent], sessions: list[SessionStart], window: M.Window,
-                    resolution: tuple[int, int], parallel: dict, bench: dict | None = None) -> list[Row]:
-    """The §12 table's rows for one run (``summary`` as written to summary.json)."""
+                    resolution: tuple[int, int], parallel: dict, bench: dict | None = None,
+                    scheduler: str | None = None) -> list[Row]:
+    """The §12 table's rows for one run (``summary`` as written to summary.json); ``scheduler``
+    names the handoff row as the run's report does."""
     prod = PRODUCTION.get(resolution, {})
     b = summary.get("boundaries", {})
     st = summary.get("stages", {})
@@ -92,7 +101,7 @@ def production_rows(summary: dict, events: list[ChunkEvent], sessions: list[Sess
     def stage(name: str) -> float | None:
         return st[name]["durations"]["p50_ms"] if name in st and st[name]["durations"]["n"] else None
 
-    rows = [row("fps", b[k]["fps_steady"], prod.get("fps"), f"steady FPS @ {k}")
+    rows = [row("fps", b[k]["fps_steady"], prod.get("fps"), row_label("fps", at=k))
             for k in ("cpu_ready", "encoded", "delivered") if k in b and b[k].get("fps_steady")]
     rows.append(row("dit_ms", stage("dit"), prod.get("dit_ms")))
     steady, _, _ = M.steady_chunks(events, sessions, window)
@@ -101,7 +110,7 @@ def production_rows(summary: dict, events: list[ChunkEvent], sessions: list[Sess
     rows.append(row("decode_ms", stage("decode"), prod.get("decode_ms")))
     ho = summary.get("handoff", {})
     ho_ms = ho.get("p50_ms") if ho.get("n") else None
-    rows.append(row("handoff_ms", ho_ms, prod.get("handoff_ms"),
+    rows.append(row("handoff_ms", ho_ms, prod.get("handoff_ms"), row_label("handoff_ms", scheduler),
                     note="negative: DiT i started before chunk i−1 was CPU-ready (Case E)" if ho_ms is not None and ho_ms < 0 else ""))
     rows.append(row("ipc_ms", stage("ipc"), prod.get("ipc_ms")))
     idle = [x.ns for x in M.all_gpu_idle(events, window, sessions).samples]
@@ -120,10 +129,10 @@ def production_rows(summary: dict, events: list[ChunkEvent], sessions: list[Sess
     else:
         rows.append(row("vae_mfu", None, prod.get("vae_mfu"), note=need if not bench else "no decode GPU time in the run"))
     tt = summary.get("ttfc", {}).get("cpu_ready", {})
-    rows.append(row("ttfc_ms", tt.get("p50_ms") if tt.get("n") else None, prod.get("ttfc_ms")))
+    rows.append(row("ttfc_ms", tt.get("p50_ms") if tt.get("n") else None, prod.get("ttfc_ms"), row_label("ttfc_ms", at="cpu_ready")))
     p99 = b.get("cpu_ready", {})
     ci = p99.get("p99_ci_ms")
-    rows.append(row("p99_ms", p99.get("intervals", {}).get("p99_ms"), prod.get("p99_ms"),
+    rows.append(row("p99_ms", p99.get("intervals", {}).get("p99_ms"), prod.get("p99_ms"), row_label("p99_ms", at="cpu_ready"),
                     note=(f"95 % CI [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else "")
                     + (" (= max: < 100 samples)" if p99.get("intervals", {}).get("p99_is_max") else "")))
     return rows
@@ -143,10 +152,9 @@ def _fig(f: Figure | None, key: str) -> str:
     return _num(f.lo, key) if f.lo == f.hi else f"{_num(f.lo, key)}–{_num(f.hi, key)}"
 
 
-def render_rows(rows: list[Row], resolution: tuple[int, int]) -> list[str]:
-    h, w = resolution
-    lines = [f"| {h}×{w} | ours | production (DESIGN §12) | ours ÷ production | × better | note |",
-             "|---|---:|---:|---:|---:|---|"]
+def render_rows(rows: list[Row]) -> list[str]:
+    """The table, its columns labelled from ``measure.figures`` (the resolution is the section's)."""
+    lines = F.header(COLUMNS)
     for r in rows:
         lines.append(f"| {r.label} | {_num(r.ours, r.key)} | {_fig(r.production, r.key)} | "
                      f"{'—' if r.ratio is None else f'{r.ratio:.3f}'} | "

@@ -29,6 +29,7 @@ import numpy as np
 from harness.measure import figures as F
 from harness.measure import metrics as M
 from harness.measure import stats as S
+from harness.measure import tails as T
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, read_run
 from harness.measure.summary import SUMMARY_FILE, build_summary, dist
 
@@ -466,10 +467,14 @@ TTFC_COLUMNS = ("boundary", "n", "ttfc_p50", "ttfc_min", "ttfc_max")
 STAGE_COLUMNS = ("stage", "span", "n", "stage_p50", "stage_mean", "stage_share", "stage_of_interval")
 HANDOFF_COLUMNS = ("handoff_p50", "n")
 BLOCKED_COLUMNS = ("blocked_stage", "blocked_total", "blocked_max", "chunks_blocked")
-SLOWEST_COLUMNS = ("rank", "epoch", "chunk", "slow_interval", "slow_excess", "slow_grew", "slow_first_late")
 #: Figures a report defines; the definition table at its end lists them all, once.
+LONG_TAIL_FIGURES = ("tail_percentiles", "interval_p95", "culprits", *T.SLOWEST_COLUMNS)
 REPORT_FIGURES = tuple(dict.fromkeys(BOUNDARY_COLUMNS + HEADLINE_COLUMNS + TTFC_COLUMNS + STAGE_COLUMNS + HANDOFF_COLUMNS
-                                     + BLOCKED_COLUMNS + SLOWEST_COLUMNS + ("p99_is_max",)))
+                                     + BLOCKED_COLUMNS + ("p99_is_max",) + LONG_TAIL_FIGURES))
+
+
+def _md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
 
 
 def _p99(d: dict) -> str:
@@ -484,7 +489,8 @@ def run_section(view: RunView, label: str) -> list[str]:
     lines = [
         f"## {label}",
         "",
-        f"`{view.dir}` — valid {s.get('valid', '?')}" + (f", flags: {', '.join(s['flags'])}" if s.get("flags") else ""),
+        f"`{view.dir}` — status {s.get('status', '?')}, valid {s.get('valid', '?')}"
+        + (f", flags: {', '.join(s['flags'])}" if s.get("flags") else ""),
         "",
         f"Window: {w.get('definition', '?')}. Percentiles: {w.get('percentile_rule', '?')}.",
         "",
@@ -522,19 +528,25 @@ def run_section(view: RunView, label: str) -> list[str]:
         for k, bl in s["blocked"].items():
             lines.append(f"| {k} | {_f(bl['total_ms'])} | {_f(bl['max_ms'])} | {bl['chunks_blocked']} / {bl['chunks']} |")
     lt = s.get("long_tail")
+    if lt and lt.get("boundaries"):
+        cols, rows = T.percentile_table(lt)
+        lines += ["", f"### {F.label('tail_percentiles')}", "", *F.header(cols), *map(_md_row, rows)]
     if lt and lt.get("slowest"):
-        lines += ["", f"### slowest steady intervals @ {lt['reference']}", "", *F.header(SLOWEST_COLUMNS)]
-        for x in lt["slowest"]:
-            lines.append(f"| {x['rank']} | {x['epoch']} | {x['chunk']} | {x['interval_ms']:.1f} | {x['excess_ms']:+.1f} | "
-                         f"{x['grew'] or '—'} | {x['first_late'] or '—'} |")
+        lines += ["", f"### slowest steady intervals @ {lt['reference']}", "", *F.header(T.SLOWEST_COLUMNS),
+                  *map(_md_row, T.slowest_table(lt))]
+        if lt.get("culprits"):
+            lines += ["", f"{F.label('culprits')}: " + ", ".join(f"{k} {v}" for k, v in lt["culprits"].items()) + "."]
     lines.append("")
     return lines
 
 
-def definitions_section(views: Sequence[RunView]) -> list[str]:
-    """Every column and headline figure of the report, defined once (``measure.figures``)."""
+def definitions_section(production: bool = False) -> list[str]:
+    """Every column and row figure of the report, defined once (``measure.figures``)."""
+    from harness.measure import production as P
+
+    names = REPORT_FIGURES + ((*P.COLUMNS, *P.FIGURE_OF.values()) if production else ())
     lines = ["## figure definitions", "", "Every column above, once. "
-             "Labels that read differently under a scheduler are the same figure.", "", *F.table_md(REPORT_FIGURES)]
+             "Labels that read differently under a scheduler are the same figure.", "", *F.table_md(tuple(dict.fromkeys(names)))]
     return lines + [""]
 
 
@@ -545,18 +557,20 @@ def production_section(view: RunView, bench: dict | None) -> list[str]:
     cfg = view.manifest.get("config", {})
     video, parallel = cfg.get("video", {}), cfg.get("parallel", {})
     res = (video.get("height"), video.get("width"))
-    head = ["### against the production figures (DESIGN §12)", ""]
+    res_s = f"{res[0]}×{res[1]}"
+    head = [f"### against the production figures (DESIGN §12, {res_s})", ""]
     if res not in P.PRODUCTION:
         return head + [f"No production figures for {res[0]}×{res[1]} (DESIGN §12 has 480×832 and 704×1280).", ""]
     layers = cfg.get("model", {}).get("num_layers")
     if bench is not None and (bench.get("preset"), bench.get("layers", layers)) != (cfg.get("name"), layers):
         return head + [f"--bench is for {bench.get('preset')!r} with {bench.get('layers')} layers, this run is "
                        f"{cfg.get('name')!r} with {layers}: its FLOPs do not apply, so no table.", ""]
-    rows = P.production_rows(view.summary, view.events, view.sessions, view.window, res, parallel, bench)
+    rows = P.production_rows(view.summary, view.events, view.sessions, view.window, res, parallel, bench,
+                             view.manifest.get("scheduler"))
     setup = (f"This run: SP={parallel.get('sp')}, VAE ranks={parallel.get('vae_ranks')}, mode "
              f"{cfg.get('runtime', {}).get('mode')}, {view.label}. Production: 4 GPUs, SP=4 + 4 VAE ranks sharing "
              "them, compiled, Case D.")
-    return head + [setup, ""] + P.render_rows(rows, res) + [""]
+    return head + [setup, ""] + P.render_rows(rows) + [""]
 
 
 def render_md(views: Sequence[RunView], plots: Sequence[Plotted], out: Path, production: bool = False,
@@ -567,7 +581,7 @@ def render_md(views: Sequence[RunView], plots: Sequence[Plotted], out: Path, pro
         lines += run_section(v, l)
         if production:
             lines += production_section(v, bench)
-    lines += definitions_section(views)
+    lines += definitions_section(production)
     lines += ["## plots", ""]
     titles = {
         "intervals_hist.png": "Steady delivery intervals per boundary",

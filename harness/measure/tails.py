@@ -266,3 +266,25 @@ def tail_summary(
             f"(grew: largest excess); percentiles nearest-rank with session-bootstrap intervals"
         ),
     )
+
+
+# ---- the tables a person reads (console and report), from summary.json's ``long_tail`` ---------
+
+#: Columns of the slowest-samples table, by ``measure.figures`` name.
+SLOWEST_COLUMNS: tuple[str, ...] = ("rank", "epoch", "chunk", "slow_interval", "slow_excess", "slow_grew", "slow_first_late")
+
+
+def percentile_table(long_tail: dict) -> tuple[tuple[str, ...], list[list[str]]]:
+    """(columns by figure name, one row of cells per boundary): the tail percentiles (``*``: the
+    maximum, too few samples), the maximum and the sample counts."""
+    pcts = [p["p"] for t in list(long_tail["boundaries"].values())[:1] for p in t["percentiles"]]
+    cols = ("boundary", *(f"interval_p{p:g}" for p in pcts), "interval_max", "n", "sessions")
+    rows = [[b, *(f"{p['ms']:.1f}" + ("*" if p["is_max"] else "") for p in t["percentiles"]), f"{t['max_ms']:.1f}",
+             str(t["n"]), str(t["n_sessions"])] for b, t in long_tail["boundaries"].items()]
+    return cols, rows
+
+
+def slowest_table(long_tail: dict, top: int | None = None) -> list[list[str]]:
+    """Rows of cells for ``SLOWEST_COLUMNS``, slowest first (``top`` of them)."""
+    return [[str(s["rank"]), str(s["epoch"]), str(s["chunk"]), f"{s['interval_ms']:.1f}", f"{s['excess_ms']:+.1f}",
+             s["grew"] or "—", s["first_late"] or "—"] for s in long_tail["slowest"][:top]]

@@ -655,9 +655,9 @@ def listen_main(args) -> int:
                                             "warmup_chunks": lo.warmup_chunks, "idle_timeout_s": lo.idle_timeout_s,
                                             # the media went to the clients (DESIGN §10): media/ stays empty
                                             "media": "client"}))
-    from harness.cli import print_headline
+    from harness.measure.headline import run_headline
 
-    print_headline(res.run_dir, res.summary)
+    print("\n".join(run_headline(res.run_dir, res.summary)))
     print(f"  sessions served: {len(res.sessions)} ({sum(r.cancelled for r in res.sessions)} cancelled); "
           "media: with the client (python -m harness client --out DIR), not in media/")
     return 0

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from harness.config import load_preset, override
 from harness.errors import HarnessError
 from harness.experiments import protocols
+from harness.measure import figures as F
 from harness.measure import metrics as M
 from harness.measure import tails
 
@@ -110,4 +113,10 @@ def test_protocol_sessions_and_summary_extra(event_tables):
     extra = protocols.summary_extra(lt)(events, starts, M.DEFAULT_WINDOW)
     assert extra["long_tail"]["slowest"][0]["grew"] == "decode"
     lines = protocols.protocol_lines(extra)
-    assert any("grew: decode" in l for l in lines)
+    # two tables headed by measure.figures labels; the slowest sample's row says decode grew
+    heads = [re.split(r"\s{2,}", l.strip()) for l in lines if l.strip().startswith(("boundary ", "# "))]
+    assert len(heads) == 2 and all(F.resolve(h) for head in heads for h in head)
+    slow = lines.index(next(l for l in lines if l.strip().startswith("# ")))
+    first = re.split(r"\s{2,}", lines[slow + 1].strip())
+    assert dict(zip(heads[1], first))[F.label("slow_grew")] == "decode" and first[:3] == ["1", "2", "6"]
+    assert lines[-1] == f"  {F.label('culprits')}: decode 1"

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from harness.cli import main
+from harness.measure import figures as F
 from harness.measure import metrics as M
 from harness.measure import report as R
 from harness.measure.events import write_events, write_sessions
@@ -124,32 +125,38 @@ def test_report_against_production(tmp_path, event_tables, capsys):
     bench = {"preset": "lingbot-480x832", "flops": {"dit_flops": 4e14, "vae_conv_flops": 1.2e13},
              "peak_bf16_tflops": 800.0, "peak_tf32_tflops": 400.0}
     view = R.load_view(d)
-    rows = {r.label: r for r in P.production_rows(view.summary, view.events, view.sessions, view.window, (480, 832),
-                                                  cfg["parallel"], bench)}
-    dit = rows["DiT per chunk (ms)"]
+    rows = {r.key if r.key != "fps" else r.label: r for r in P.production_rows(
+        view.summary, view.events, view.sessions, view.window, (480, 832), cfg["parallel"], bench, "case-d")}
+    dit = rows["dit_ms"]
     assert dit.ours == pytest.approx(40) and dit.ratio == pytest.approx(40 / 678) and dit.advantage == pytest.approx(678 / 40)
-    mfu = rows["DiT MFU (bf16 dense)"]
+    mfu = rows["dit_mfu"]
     assert mfu.ours == pytest.approx(4e14 / 0.040 / (800e12 * 4))  # FLOPs / GPU time / (peak × SP ranks)
     assert mfu.advantage == pytest.approx(mfu.ours / 0.49)
-    assert rows["VAE decode MFU (TF32 dense)"].ours == pytest.approx(1.2e13 / 0.030 / (400e12 * 4))
-    assert rows["handoff cpu_ready → next dit_start (ms)"].ours == pytest.approx(event_tables.GAP + 1)
+    assert rows["vae_mfu"].ours == pytest.approx(1.2e13 / 0.030 / (400e12 * 4))
+    assert rows["handoff_ms"].ours == pytest.approx(event_tables.GAP + 1)
     seg = event_tables.NOMINAL
-    assert rows["VAE segment per chunk, latent_ready → cpu_ready (ms)"].ours == pytest.approx(
+    assert rows["vae_segment_ms"].ours == pytest.approx(
         sum(seg[k] for k in ("decode_wait", "decode_queue", "decode", "convert", "d2h")))
-    fps = rows["steady FPS @ cpu_ready"]
+    fps = rows["FPS (mean interval) @ cpu_ready"]
     assert fps.production.lo == 14.4 and fps.advantage == pytest.approx(fps.ours / 14.5)
     # through the CLI: the table lands in report.md; a file that is not a GPU bench result is refused
     (tmp_path / "bench.json").write_text(json.dumps(bench))
     assert main(["report", str(d), "--bench", str(tmp_path / "bench.json"), "--out", str(tmp_path / "rep")]) == 0
     md = (tmp_path / "rep" / "report.md").read_text()
-    assert "against the production figures" in md and "| DiT per chunk (ms) | 40.0 | 678.0 | 0.059 | 16.95× |" in md
+    assert "against the production figures (DESIGN §12, 480×832)" in md and "| DiT P50 ms | 40.0 | 678.0 | 0.059 | 16.95× |" in md
+    # every column and row of the production table is a figure of the one table, defined in the report
+    section = md.split("### against the production figures", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0].splitlines()
+    assert [F.resolve(c).name for c in table_headers("\n".join(section[:2]))] == list(P.COLUMNS)
+    assert {F.resolve(r.split("|")[1].split(" @ ")[0]).name for r in section[2:]} == set(P.FIGURE_OF.values())
+    for name in (*P.COLUMNS, *P.FIGURE_OF.values()):
+        assert md.count(f"| `{name}` |") == 1, name
     # FLOPs of another depth (a --set model.num_layers run, say) must not make an MFU
     cfg["model"] = {"num_layers": 4}
     (d / "manifest.json").write_text(json.dumps({"scheduler": "case-d", "config": cfg}))
     (tmp_path / "bench40.json").write_text(json.dumps({**bench, "layers": 40}))
     assert main(["report", str(d), "--bench", str(tmp_path / "bench40.json"), "--out", str(tmp_path / "rep4")]) == 0
     md = (tmp_path / "rep4" / "report.md").read_text()
-    assert "its FLOPs do not apply" in md and "| DiT MFU" not in md
+    assert "its FLOPs do not apply" in md and "| DiT MFU" not in md.split("## figure definitions")[0]
     (tmp_path / "cpu.json").write_text(json.dumps({"preset": "tiny", "flops": {}}))
     assert main(["report", str(d), "--bench", str(tmp_path / "cpu.json")]) != 0
     assert "not a GPU bench-engine" in capsys.readouterr().err
@@ -207,8 +214,8 @@ def test_every_figure_of_a_case_d_a_case_e_and_a_server_run_resolves_to_one_defi
     import subprocess
     import sys
 
-    from harness.cli import headline
     from harness.experiments.scenarios import REPO_ROOT, ServerProcess
+    from harness.measure.headline import headline
     from harness.measure import figures as F
 
     _, out, _ = h5a_compare
@@ -231,13 +238,15 @@ def test_every_figure_of_a_case_d_a_case_e_and_a_server_run_resolves_to_one_defi
         sched = json.loads((run / "manifest.json").read_text())["scheduler"]
         labels = headline_labels(lines if lines is not None else headline(summary, sched))
         assert F.label("fps_mean") in labels and F.label("interval_p50") in labels
-        assert [F.resolve(l).name for l in labels]  # KeyError names any label the table lacks
+        for l in labels:
+            F.resolve(l)  # KeyError names any label the table lacks
         assert summary_figure_keys(summary) <= F.summary_keys(), summary_figure_keys(summary) - F.summary_keys()
     case_e = headline_labels(headline(json.loads((runs[1] / "summary.json").read_text()), "case-e"))
     assert F.label("handoff_p50", "case-e") in case_e and F.label("handoff_p50") not in case_e
 
     report = R.write_report(runs, tmp_path / "rep")
     md = report.read_text()
+    assert md.count("— status complete, valid True") == 3  # how each run ended, as its summary says
     headers = table_headers(md)
     assert len(headers) > 40
     for cell in headers:
@@ -285,3 +294,6 @@ def test_a_long_tail_report_breaks_the_slowest_intervals_down_by_stage(tmp_path,
     assert "sink" not in first  # after the reference boundary: not part of this interval
     md = R.write_report([d], tmp_path / "rep").read_text()
     assert f"]({R.SLOWEST_PLOT})" in md and "### slowest steady intervals @ cpu_ready" in md
+    assert f"### {F.label('tail_percentiles')}" in md and f"{F.label('culprits')}: dit 1, decode 1." in md
+    for cell in table_headers(md):  # the long-tail tables too: every column a figure, defined once
+        assert md.count(f"| `{F.resolve(cell).name}` |") == 1, cell

@@ -11,6 +11,7 @@ import pytest
 
 from harness.measure import figures as F
 from harness.measure import summary as SM
+from harness.measure import tails as T
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -34,8 +35,10 @@ def test_every_definition_names_what_computes_it():
 
 def test_every_figure_field_of_the_summary_is_defined():
     structs = (SM.Dist, SM.BoundarySummary, SM.StageSummary, SM.GpuSummary, SM.BlockedSummary, SM.RolloutSummary,
-               SM.Headline)
-    nested = {"intervals", "durations", "time", "boundary", "start", "end"}  # records and what they are about
+               SM.Headline, T.TailSummary, T.BoundaryTail, T.TailPercentile, T.SlowSample, T.Excess)
+    # records and what they are about (long_tail: its reference boundary and the text of its definition)
+    nested = {"intervals", "durations", "time", "boundary", "start", "end", "boundaries", "stages", "percentiles",
+              "slowest", "reference", "definition"}
     fields = {f.name for s in structs for f in msgspec.structs.fields(s)} - nested
     assert fields <= F.summary_keys(), fields - F.summary_keys()
 

@@ -1,4 +1,5 @@
 import hashlib
+import re
 
 import numpy as np
 import pytest
@@ -300,7 +301,9 @@ def test_runs_of_different_session_counts_compare_the_sessions_both_hold(tmp_pat
         assert r.passed, r.verdict
         assert r.only_a == [3, 4] and r.only_b == []
         assert "compared the 3 sessions both runs hold (epochs 0–2); run A alone holds epochs 3–4, not compared" in r.verdict
-        assert not any("epoch 3" in f.path or "epoch 4" in f.path for f in r.files)
+        # what was compared: the saved files (epochs 0-1) and the hash records of epochs 0-2, no more
+        compared = {int(m.group(1)) for f in r.files if (m := re.search(r"epoch ?(\d+)", f.path))}
+        assert compared == {0, 1, 2}, sorted(f.path for f in r.files)
 
     def nudge(e, c, latent, pixels):
         if (e, c) == (2, 1):

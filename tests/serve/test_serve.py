@@ -142,11 +142,17 @@ def test_worker_error_reaps_everything_and_keeps_the_run_directory(tmp_path):
     assert not list(Path("/dev/shm").glob(f"harness-{os.getpid()}-*"))
 
 
-def test_ctrl_c_reaps_every_process_and_segment(tmp_path):
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # what a background job of a non-interactive shell inherits
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_a_stop_signal_reaps_every_process_and_segment_even_with_sigint_ignored_by_the_parent(tmp_path, sig):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", "serve", "--sessions", "20", "--out", str(tmp_path), "--no-progress"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        preexec_fn=_ignore_sigint,
     )
     try:
         deadline = time.monotonic() + 120
@@ -159,12 +165,16 @@ def test_ctrl_c_reaps_every_process_and_segment(tmp_path):
             pytest.fail("serve produced no events in time")
         workers = children(proc.pid)
         assert len(workers) >= 5  # 2 DiT + 2 VAE + encoder
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-        proc.wait(timeout=60)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # what a terminal's Ctrl-C does
+        else:
+            proc.send_signal(sig)  # what a service manager does: the top process only
+        _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode != 0
+    assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], err[-2000:]
+    assert err.decode().strip().splitlines()[-1] == f"interrupted (stopped by {signal.Signals(sig).name})"
     assert wait_gone(workers) == []
     assert not list(Path("/dev/shm").glob(f"harness-{proc.pid}-*"))
     man = json.loads((tmp_path / "manifest.json").read_text())
