@@ -1,0 +1,25 @@
+"""vLLM-Omni tests: they need the ``vllm`` extra. Without it they skip, except where
+HARNESS_REQUIRE_VLLM=1 (CI), where a missing or wrong install is a failure, not a skip."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness.engine.omni import compat
+
+
+@pytest.fixture(scope="session")
+def lingbot():
+    """vLLM-Omni's LingBot modules, imported once per test session (30-60 s), on the CPU
+    platform with its distributed state up; torn down at the end of the session."""
+    if not compat.available():
+        versions = ", ".join(f"{d} {v or 'absent'}" for d, v in compat.installed_versions().items())
+        if os.environ.get("HARNESS_REQUIRE_VLLM") == "1":
+            pytest.fail(f"HARNESS_REQUIRE_VLLM=1 but the vllm extra is not usable ({versions})")
+        pytest.skip(f"the vllm extra is not installed ({versions}): {compat.INSTALL_HINT}")
+    mods = compat.import_lingbot()
+    compat.init_distributed()
+    yield mods
+    compat.shutdown_distributed()
