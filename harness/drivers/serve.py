@@ -80,6 +80,9 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
     from harness.hooks import parse_hooks
 
     cfg = configure(opts.candidates, cfg)  # refuses unknown/conflicting/inapplicable ids before anything starts
+    from harness.engine import backends
+
+    backends.check(cfg, opts.candidates)  # e.g. --engine vllm-omni without the extra: the install command, now
     from harness.workers.encoder_worker import check_sink_spec
 
     check_sink_spec(cfg.runtime.sink)  # a bad sink fails here, not as a dead encoder after launch
@@ -94,7 +97,8 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
     results: list[SessionResult] = []
     status, error, probes = "running", None, {}
     man = manifest(cfg, candidates=opts.candidates, hooks=opts.hooks, placement=None, devices=None,
-                   extra={"status": status, "ring": {"slots": cfg.runtime.ring_slots, "slot_bytes": ring.spec.slot_bytes}})
+                   extra={"status": status, "ring": {"slots": cfg.runtime.ring_slots, "slot_bytes": ring.spec.slot_bytes},
+                          "engine": backends.describe(cfg)})
     man["protocol"].update(opts.protocol, window=msgspec.to_builtins(window_for(cfg.video.chunks_per_session)))
     write_json(run_dir / "manifest.json", man)
 

@@ -11,14 +11,20 @@ from harness.engine.omni import compat
 
 
 @pytest.fixture(scope="session")
-def lingbot():
+def extra() -> None:
+    """Skips (or, under HARNESS_REQUIRE_VLLM=1, fails) the test when the vllm extra is not usable."""
+    if compat.available():
+        return
+    versions = ", ".join(f"{d} {v or 'absent'}" for d, v in compat.installed_versions().items())
+    if os.environ.get("HARNESS_REQUIRE_VLLM") == "1":
+        pytest.fail(f"HARNESS_REQUIRE_VLLM=1 but the vllm extra is not usable ({versions})")
+    pytest.skip(f"the vllm extra is not installed ({versions}): {compat.INSTALL_HINT}")
+
+
+@pytest.fixture(scope="session")
+def lingbot(extra):
     """vLLM-Omni's LingBot modules, imported once per test session (30-60 s), on the CPU
     platform with its distributed state up; torn down at the end of the session."""
-    if not compat.available():
-        versions = ", ".join(f"{d} {v or 'absent'}" for d, v in compat.installed_versions().items())
-        if os.environ.get("HARNESS_REQUIRE_VLLM") == "1":
-            pytest.fail(f"HARNESS_REQUIRE_VLLM=1 but the vllm extra is not usable ({versions})")
-        pytest.skip(f"the vllm extra is not installed ({versions}): {compat.INSTALL_HINT}")
     mods = compat.import_lingbot()
     compat.init_distributed()
     yield mods
