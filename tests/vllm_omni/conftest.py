@@ -23,9 +23,15 @@ def extra() -> None:
 
 @pytest.fixture(scope="session")
 def lingbot(extra):
-    """vLLM-Omni's LingBot modules, imported once per test session (30-60 s), on the CPU
-    platform with its distributed state up; torn down at the end of the session."""
-    mods = compat.import_lingbot()
+    """vLLM-Omni's LingBot modules on the CPU platform, imported once per test session (30-60 s).
+    This directory sorts last in the suite, so whatever vLLM changes at import (it patches
+    inductor, for one) cannot reach the other tests of a whole-suite run."""
+    return compat.import_lingbot()
+
+
+@pytest.fixture(scope="module")
+def omni_dist(lingbot):
+    """vLLM-Omni's distributed state (gloo, one rank) for a module's transformers; torn down after."""
     compat.init_distributed()
-    yield mods
+    yield
     compat.shutdown_distributed()

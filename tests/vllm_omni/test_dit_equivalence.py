@@ -31,7 +31,7 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.fixture(scope="module")
-def engines(lingbot, tmp_path_factory):
+def engines(omni_dist, tmp_path_factory):
     from harness.engine.omni.dit_engine import OmniDitEngine
 
     cfg = override(load_preset("tiny"), parallel={"sp": 1})
