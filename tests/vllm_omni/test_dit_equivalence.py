@@ -89,6 +89,20 @@ def test_session_matches_vllm_omni(engines, record_property):
     assert ref.kv_stats()["blocks_used"] == 0 and omni.kv_stats()["blocks_used"] == 0
 
 
+def test_schedule_is_built_as_production_builds_it(engines):
+    """Production's shifted DMD schedule (``_build_shifted_flow_schedule`` in its pipeline module,
+    which needs torchvision to import, so its three lines are restated here): σ = shift·b /
+    ((1 − b) + shift·b) in float64 for b = label / 1000, the model timestep σ·1000 handed over as
+    a float32 tensor. The backend feeds exactly these to vLLM-Omni's runner."""
+    cfg, _, omni = engines
+    b = torch.tensor(cfg.schedule.timesteps, dtype=torch.float64) / 1000
+    shift = cfg.schedule.flow_shift
+    sigma = shift * b / ((1.0 - b) + shift * b)
+    t32 = (sigma * 1000).to(torch.float32)
+    assert [t for t, _ in omni.steps] == t32.tolist()
+    assert [s for _, s in omni.steps] == pytest.approx(sigma.tolist(), rel=1e-15, abs=0)
+
+
 def test_weights_and_sp_refusals(engines, tmp_path):
     from harness.engine.omni.dit_engine import OmniDitEngine
     from harness.errors import HarnessError
