@@ -94,7 +94,10 @@ class OmniDitEngine:
                 ffn_dim=m.ffn_dim, num_layers=m.num_layers, eps=m.eps, sink_size=cfg.cache.sink_frames,
                 num_frames_per_block=v.frames_per_chunk, sliding_window_num_frames=cfg.cache.window_frames)
         compat.fix_rotary(self.model)
-        loaded = self.model.load_weights(checkpoint_tensors(cfg, seed, weights_dir))
+        try:
+            loaded = self.model.load_weights(checkpoint_tensors(cfg, seed, weights_dir))
+        except (KeyError, ValueError, RuntimeError) as e:  # its loader's refusals: a name or shape it does not know
+            raise HarnessError(f"vllm-omni transformer cannot load the weights: {e}") from None
         missing = sorted(set(dict(self.model.named_parameters())) - loaded)
         if missing:
             raise HarnessError(f"vllm-omni transformer: no checkpoint tensor for {missing[0]!r} ({len(missing)} missing)")
