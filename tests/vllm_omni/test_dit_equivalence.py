@@ -112,3 +112,8 @@ def test_weights_and_sp_refusals(engines, tmp_path):
         OmniDitEngine(override(cfg, parallel={"sp": 2}), group=RankGroup.single(), device=torch.device("cpu"))
     with pytest.raises(HarnessError, match="no \\*.safetensors"):
         OmniDitEngine(cfg, group=RankGroup.single(), device=torch.device("cpu"), weights_dir=str(tmp_path))
+    from safetensors.torch import save_file
+
+    save_file({"blocks.0.bogus.weight": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(HarnessError, match="cannot load the weights.*bogus"):
+        OmniDitEngine(cfg, group=RankGroup.single(), device=torch.device("cpu"), weights_dir=str(tmp_path))
