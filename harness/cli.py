@@ -33,6 +33,9 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sp", type=int, help="DiT sequence-parallel ranks")
     g.add_argument("--vae-ranks", type=int, help="VAE width-sharded ranks")
     g.add_argument("--device", choices=["cpu", "cuda"])
+    g.add_argument("--engine", choices=["reference", "vllm-omni"],
+                   help="the DiT: the harness's reference engine (default) or vLLM-Omni's LingBot-World modules "
+                        "(needs the vllm extra; SP=1 on CPU)")
     g.add_argument("--launcher", choices=["local", "ray"], default="local",
                    help="local processes, or Ray actors in a placement group (multi-node; needs harness[ray])")
     g.add_argument("--ray-address", help="Ray cluster to join (e.g. HEAD_IP:6379; default: RAY_ADDRESS, the local cluster, or a new one)")
@@ -79,6 +82,7 @@ def resolve_config(args: argparse.Namespace):
             raise HarnessError(f"--{name.replace('_', '-')} must be ≥ 1, got {v}")
     cfg = override(
         cfg,
+        engine={"backend": getattr(args, "engine", None)},
         parallel={"sp": args.sp, "vae_ranks": args.vae_ranks, "dit_devices": getattr(args, "dit_gpus", None),
                   "vae_devices": getattr(args, "vae_gpus", None)},
         video={"chunks_per_session": args.chunks},
@@ -91,6 +95,10 @@ def resolve_config(args: argparse.Namespace):
 
     specs = dict.fromkeys([*getattr(args, "candidate", []), *getattr(args, "baseline", [])])  # compare names repeats itself
     refuse_rewrites(list(specs), cfg, explicit_fields(args))
+    if cfg.engine.backend != "reference":
+        from harness.engine import backends
+
+        backends.check(cfg, getattr(args, "candidate", ()))  # e.g. the install command, before anything else happens
     return cfg
 
 

@@ -137,8 +137,15 @@ class RuntimeConfig(_Section):
     stall_report_s: float = 10.0
 
 
+class EngineConfig(_Section):
+    #: the DiT: "reference" (harness.engine) or "vllm-omni" (vLLM-Omni's LingBot-World modules,
+    #: the ``vllm`` extra; harness/engine/omni)
+    backend: Literal["reference", "vllm-omni"] = "reference"
+
+
 class HarnessConfig(_Section):
     name: str = "custom"
+    engine: EngineConfig = EngineConfig()
     model: ModelConfig = ModelConfig()
     video: VideoConfig = VideoConfig()
     cache: CacheConfig = CacheConfig()
@@ -208,6 +215,12 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
          "vae.temporal_upsample needs one entry per up stage (len(dim_mult) - 1)"),
         (sum(cfg.vae.temporal_upsample) == 2, "vae.temporal_upsample must upsample time by 4 (two stages)"),
     ]
+    if cfg.engine.backend == "vllm-omni":
+        checks += [
+            (p.sp == 1, f"engine.backend vllm-omni runs with parallel.sp = 1 (vLLM-Omni's sequence parallelism needs NCCL "
+                        f"on GPUs, not run here); this config has sp = {p.sp}: add --sp 1"),
+            (cfg.runtime.device == "cpu", "engine.backend vllm-omni is verified on CPU only (--device cpu)"),
+        ]
     from harness.limits import check_shapes
 
     check_shapes(cfg)  # sizes first: a negative or absurd dimension is named as such, not as a divisibility

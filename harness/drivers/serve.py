@@ -87,6 +87,9 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
     from harness.hooks import parse_hooks
 
     cfg = configure(opts.candidates, cfg)  # refuses unknown/conflicting/inapplicable ids before anything starts
+    from harness.engine import backends
+
+    backends.check(cfg, opts.candidates)  # e.g. --engine vllm-omni without the extra: the install command, now
     from harness.workers.encoder_worker import check_sink_spec
 
     check_sink_spec(cfg.runtime.sink)  # a bad sink fails here, not as a dead encoder after launch
@@ -101,7 +104,8 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
     results: list[SessionResult] = []
     status, error, probes = "running", None, {}
     man = manifest(cfg, candidates=opts.candidates, hooks=opts.hooks, placement=None, devices=None,
-                   extra={"status": status, "owner": owner_record(), "memory_estimate_bytes": memory_estimate})
+                   extra={"status": status, "owner": owner_record(), "memory_estimate_bytes": memory_estimate,
+                          "engine": backends.describe(cfg)})
     man["protocol"].update(opts.protocol, window=msgspec.to_builtins(window_for(cfg.video.chunks_per_session)))
     _write_manifest(run_dir, man, starting=True)
     enc = msgspec.json.Encoder()
@@ -251,8 +255,6 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
         summary["error"] = error
     summary["hooks"] = list(opts.hooks)
     if "trace" in opts.hooks and events:
-        import time
-
         from harness.hooks import DRIVER_REPORT, trace_report
         from harness.hooks.trace import write_trace
 

@@ -1,19 +1,32 @@
 """Camera control: keyboard actions → camera-to-world poses → Plücker rays on the latent grid.
 
-Interactive clients send one action per latent frame: a string of keys from W A S D (move
-forward / left / back / right) and I J K L (pitch up / yaw left / pitch down / yaw right), "" for
-no motion. Each key is a fixed step in the camera's own frame, so "W" always moves where the camera
-looks. Poses are integrated on the host in float64 (a handful of 4×4 matrices per chunk) and the
-per-pixel rays are built on the device from a precomputed direction grid, so a chunk costs one tiny
-H2D copy (F×4×4 floats), not a pixel-sized one.
+The conventions are production's (vLLM-Omni's LingBot-World serving, which follows SGLang's
+LingBot adapter), so a client that drives production drives the harness the same way and the
+model is conditioned on the same rays (tests/vllm_omni checks this against vLLM-Omni's own code):
 
-Conventions (OpenCV camera): x right, y down, z forward. Ray channels per pixel: origin (3) then
-direction (3); pixel-unshuffled by 8 as channel = c·64 + dy·8 + dx, giving (384, F, h, w).
+* actions: one per latent frame, the keys held during that frame from w a s d (move forward /
+  left / back / right) and i j k l (pitch up / yaw left / pitch down / yaw right). A frame is
+  given as production sends it, a list of keys (``["w", "j"]``, ``[]`` for none), or as a string
+  of keys (``"wj"``, ``""``); either case. Opposite keys cancel.
+* motion: per latent frame, yaw 6° about the world's vertical axis, pitch 4° about the camera's
+  own x axis (the accumulated pitch is kept within ±85°: a step that would leave it is dropped),
+  translation 0.05 along the camera's forward / right directions projected onto the ground plane
+  (so looking down does not move the camera down). Poses are integrated in float64 from the
+  session's first pose (the identity) and carried across chunks with the accumulated pitch.
+* pose encoding: each frame's pose relative to the previous frame's (the chunk's first frame
+  relative to the previous chunk's last; a session starts from the identity). Translations are
+  divided by the largest one in the chunk for actions (production's action path), or by the
+  0.05 step for explicit poses (production's pose-stream path).
+* intrinsics: a pinhole with fx = fy = 500 pixels at the served resolution, centred.
+
+OpenCV camera axes: x right, y down, z forward. Ray channels per pixel: origin (3) then direction
+(3); pixel-unshuffled by 8 as channel = c·64 + dy·8 + dx, giving (384, F, h, w).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -22,33 +35,55 @@ from torch import Tensor
 from harness.config import RAY_CHANNELS, VAE_SPATIAL
 from harness.errors import HarnessError
 
-KEYS = "WASDIJKL"
-#: Scene units per latent frame (4 pixel frames, 0.25 s at 16 fps): a slow walk.
-TRANSLATE_STEP = 0.1
-#: Degrees per latent frame: a 90° turn takes 30 latent frames (7.5 s).
-ROTATE_STEP_DEG = 3.0
-#: Horizontal field of view of the default pinhole camera.
-DEFAULT_HFOV_DEG = 60.0
+#: Production's key order; a frame's canonical form lists its keys in this order ("wj").
+KEYS = "wasdijkl"
+TRANSLATE_STEP = 0.05
+YAW_STEP_DEG = 6.0
+PITCH_STEP_DEG = 4.0
+PITCH_LIMIT_DEG = 85.0
+FOCAL_PX = 500.0
+#: production divides the ground-plane forward/right vectors by (norm + this), not by the norm
+DIRECTION_EPS = 1e-6
 ORTHONORMAL_TOL = 1e-3
 
-_TRANSLATION = {"W": (0, 0, 1), "S": (0, 0, -1), "A": (-1, 0, 0), "D": (1, 0, 0)}
-# Pitch is a rotation about the camera x axis (positive tilts the view to −y, i.e. up); yaw is
-# about the y axis, which points down, so a positive angle turns toward +x (right).
-_ROTATION = {"I": ("x", 1), "K": ("x", -1), "J": ("y", -1), "L": ("y", 1)}
+
+def normalize_action(action: object, index: int = 0) -> str:
+    """One frame's keys in canonical form (lowercase, production order) from a string of keys or
+    a list of single keys."""
+    if isinstance(action, str):
+        keys = list(action)
+    elif isinstance(action, (list, tuple)) and all(isinstance(k, str) for k in action):
+        keys = list(action)
+        if any(len(k) != 1 for k in keys):
+            raise HarnessError(f"action {index} {list(action)!r}: a list of actions holds single keys from {KEYS}")
+    else:
+        raise HarnessError(f"action {index} must be a string or a list of keys from {KEYS}, got {type(action).__name__}")
+    lower = {k.lower() for k in keys}
+    bad = sorted(lower - set(KEYS))
+    if bad:
+        raise HarnessError(f"action {index} {action!r} has invalid key(s) {''.join(bad)!r}; allowed keys: {KEYS} (either case, or none)")
+    return "".join(k for k in KEYS if k in lower)
 
 
 def validate_actions(actions: object, frames: int) -> list[str]:
     if not isinstance(actions, (list, tuple)):
-        raise HarnessError(f"actions must be a list of {frames} strings (one per latent frame), got {type(actions).__name__}")
+        raise HarnessError(f"actions must be a list of {frames} frames (one per latent frame), got {type(actions).__name__}")
     if len(actions) != frames:
         raise HarnessError(f"expected {frames} actions (one per latent frame), got {len(actions)}")
-    for i, a in enumerate(actions):
-        if not isinstance(a, str):
-            raise HarnessError(f"action {i} must be a string of keys from {KEYS}, got {type(a).__name__}")
-        bad = sorted(set(a) - set(KEYS))
-        if bad:
-            raise HarnessError(f"action {i} {a!r} has invalid key(s) {''.join(bad)!r}; allowed keys: {KEYS} (or empty)")
-    return list(actions)
+    return [normalize_action(a, i) for i, a in enumerate(actions)]
+
+
+@dataclass
+class CameraState:
+    """Where a session's camera is after its last committed chunk: the world pose and the
+    accumulated pitch (radians), the state production carries between chunks."""
+
+    pose: np.ndarray
+    pitch: float = 0.0
+
+    @classmethod
+    def start(cls) -> "CameraState":
+        return cls(np.eye(4, dtype=np.float64), 0.0)
 
 
 def _rot(axis: str, angle: float) -> np.ndarray:
@@ -58,32 +93,33 @@ def _rot(axis: str, angle: float) -> np.ndarray:
     return np.array([[c, 0, s], [0, 1, 0], [-s, 0, c]], dtype=np.float64)
 
 
-def action_delta(action: str) -> np.ndarray:
-    """The camera-local motion of one latent frame as a 4×4 transform (keys combine; W+S cancel)."""
-    delta = np.eye(4, dtype=np.float64)
-    keys = set(action)
-    t = np.zeros(3)
-    for k in keys & _TRANSLATION.keys():
-        t += np.asarray(_TRANSLATION[k], dtype=np.float64)
-    delta[:3, 3] = t * TRANSLATE_STEP
-    step = math.radians(ROTATE_STEP_DEG)
-    r = np.eye(3)
-    for axis in ("y", "x"):  # yaw then pitch, so pitching never rolls the horizon
-        sign = sum(v for k, (a, v) in _ROTATION.items() if a == axis and k in keys)
-        if sign:
-            r = r @ _rot(axis, sign * step)
-    delta[:3, :3] = r
-    return delta
+def _ground(v: np.ndarray) -> np.ndarray:
+    """``v`` projected onto the ground plane (y = 0) and scaled to (almost) unit length."""
+    g = np.array([v[0], 0.0, v[2]])
+    n = np.linalg.norm(g)
+    return g / (n + DIRECTION_EPS) if n > 0 else g
 
 
-def integrate_actions(actions: list[str], start_pose: np.ndarray) -> np.ndarray:
-    """Camera-to-world poses (F, 4, 4): frame j = frame j−1 moved by action j (frame −1 = start_pose)."""
+def integrate_actions(actions: list[str], state: CameraState) -> tuple[np.ndarray, float]:
+    """Camera-to-world poses (F, 4, 4) after each frame's action, and the accumulated pitch."""
+    pose, pitch = np.asarray(state.pose, dtype=np.float64), float(state.pitch)
+    limit = math.radians(PITCH_LIMIT_DEG)
     poses = np.empty((len(actions), 4, 4), dtype=np.float64)
-    pose = np.asarray(start_pose, dtype=np.float64)
-    for j, a in enumerate(actions):
-        pose = pose @ action_delta(a)
+    for j, keys in enumerate(actions):
+        d_pitch = math.radians(PITCH_STEP_DEG) * (("i" in keys) - ("k" in keys))
+        if -limit <= pitch + d_pitch <= limit:
+            pitch += d_pitch
+        else:
+            d_pitch = 0.0
+        d_yaw = math.radians(YAW_STEP_DEG) * (("l" in keys) - ("j" in keys))
+        r = _rot("y", d_yaw) @ pose[:3, :3] @ _rot("x", d_pitch)  # yaw about the world, pitch local
+        move = (_ground(r[:, 2]) * TRANSLATE_STEP * (("w" in keys) - ("s" in keys))
+                + _ground(r[:, 0]) * TRANSLATE_STEP * (("d" in keys) - ("a" in keys)))
+        t = pose[:3, 3] + move
+        pose = np.eye(4, dtype=np.float64)
+        pose[:3, :3], pose[:3, 3] = r, t
         poses[j] = pose
-    return poses
+    return poses, pitch
 
 
 def validate_poses(poses: object, frames: int | None = None) -> np.ndarray:
@@ -107,23 +143,28 @@ def validate_poses(poses: object, frames: int | None = None) -> np.ndarray:
     return p
 
 
-def relative_poses(poses: np.ndarray, first_pose: np.ndarray) -> np.ndarray:
-    """Poses in the frame of the session's first camera (so the first frame is the identity)."""
-    f = np.asarray(first_pose, dtype=np.float64)
-    inv = np.eye(4)
-    inv[:3, :3] = f[:3, :3].T
-    inv[:3, 3] = -f[:3, :3].T @ f[:3, 3]
-    return inv[None] @ poses
+def framewise_poses(anchor: np.ndarray, poses: np.ndarray, translation_scale: float | None) -> np.ndarray:
+    """Each frame's pose relative to the previous one (frame 0's to ``anchor``), translations
+    divided by ``translation_scale``, or by the chunk's largest translation when None (no
+    division when the chunk does not move)."""
+    prev = np.concatenate([np.asarray(anchor, dtype=np.float64)[None], poses[:-1]])
+    rt = prev[:, :3, :3].transpose(0, 2, 1)
+    out = np.tile(np.eye(4), (len(poses), 1, 1))
+    out[:, :3, :3] = rt @ poses[:, :3, :3]
+    out[:, :3, 3] = (rt @ (poses[:, :3, 3] - prev[:, :3, 3])[..., None])[..., 0]
+    scale = np.linalg.norm(out[:, :3, 3], axis=-1).max() if translation_scale is None else translation_scale
+    if scale > 0:
+        out[:, :3, 3] /= scale
+    return out
 
 
 def default_intrinsics(height: int, width: int) -> tuple[float, float, float, float]:
-    """(fx, fy, cx, cy) of a square-pixel pinhole with DEFAULT_HFOV_DEG across the width."""
-    fx = 0.5 * width / math.tan(math.radians(DEFAULT_HFOV_DEG) / 2)
-    return fx, fx, width / 2, height / 2
+    """(fx, fy, cx, cy): production's pinhole, 500-pixel focal length at any resolution."""
+    return FOCAL_PX, FOCAL_PX, width / 2, height / 2
 
 
 class CameraRays:
-    """Builds the (384, F, h, w) ray map for relative poses on the device.
+    """Builds the (384, F, h, w) ray map for framewise poses on the device.
 
     The unit viewing direction of every pixel centre is fixed by the intrinsics, so it is computed
     once; per chunk only the (F, 4, 4) poses change.

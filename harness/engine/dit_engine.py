@@ -38,7 +38,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -71,8 +70,7 @@ class DitSession:
     text_kv: list[tuple[Tensor, Tensor]]
     image_latent: Tensor | None
     chunk: int = 0
-    first_pose: np.ndarray | None = None  # world pose of the session's first latent frame
-    last_pose: np.ndarray = field(default_factory=lambda: np.eye(4))
+    pose_state: camera.CameraState = field(default_factory=camera.CameraState.start)  # after the last committed chunk
     kv_tokens: list[int] = field(default_factory=list)  # effective self-attention K length per chunk
     closed: bool = False
 
@@ -250,7 +248,8 @@ class DitEngine:
 
     def _run_chunk(self, session: DitSession, actions: list[str] | None, poses) -> Tensor:
         first = session.kv.next_frame
-        rays, world = self._camera(session, actions, poses)
+        rel, moved = chunk_camera(session.pose_state, actions, poses, self.frames)
+        rays = self.rays(_to_device(rel, self.device))
         cam = self.model.camera_tokens(rays, self.layout).to(self.dtype)
         y = image_condition(session.image_latent, first, self.frames, *self.latent_hw, device=self.device, dtype=self.dtype)
         self.cache.begin_chunk(session.kv, self.frames)
@@ -272,9 +271,7 @@ class DitEngine:
         self._forward(session, ctx, x0, y, cam, steps)  # commit: K/V of the clean chunk
         ctx.camera = None  # the camera cache lives for one chunk: the next one has new poses
         self.cache.commit(session.kv)
-        if session.first_pose is None:
-            session.first_pose = world[0]
-        session.last_pose = world[-1]
+        session.pose_state = moved  # only once the chunk committed: a failed chunk retries from the same place
         if self.hooks:
             self._emit("chunk_end", session=session.sid, chunk=session.chunk)
         session.chunk += 1
@@ -321,27 +318,38 @@ class DitEngine:
         h, w = self.latent_hw
         if self._gen is None:  # meta: shapes only
             return torch.empty(LATENT_CHANNELS, self.frames, h, w, device=self.device)
-        self._gen.manual_seed(derive_seed("noise", session.seed, session.chunk, step))
-        return torch.randn(LATENT_CHANNELS, self.frames, h, w, generator=self._gen, device=self.device)
-
-    def _camera(self, session: DitSession, actions: list[str] | None, poses) -> tuple[Tensor, np.ndarray]:
-        """The chunk's ray map and its world poses; the session's pose state moves only once the
-        chunk has committed, so a failed chunk can be retried from the same place."""
-        if poses is not None:
-            world = camera.validate_poses(poses, self.frames)
-        elif actions is not None:
-            world = camera.integrate_actions(camera.validate_actions(actions, self.frames), session.last_pose)
-        else:
-            raise HarnessError("generate_chunk needs actions (one per latent frame) or poses")
-        first = world[0] if session.first_pose is None else session.first_pose
-        rel = torch.from_numpy(camera.relative_poses(world, first)).float()
-        if self.device.type == "cuda":
-            rel = rel.pin_memory()
-        return self.rays(rel.to(self.device, non_blocking=True)), world
+        return chunk_noise(self._gen, session.seed, session.chunk, step, (LATENT_CHANNELS, self.frames, h, w))
 
     def _emit(self, event: str, **info) -> None:
         for h in self.hooks:
             h(event, info)
+
+
+def chunk_noise(gen: torch.Generator, seed: int, chunk: int, step: int, shape: tuple[int, ...]) -> Tensor:
+    """The noise of denoise step ``step`` of a session's chunk: a pure function of (seed, chunk,
+    step), so a chunk's noise does not depend on what ran before it (retries, other sessions)."""
+    gen.manual_seed(derive_seed("noise", seed, chunk, step))
+    return torch.randn(shape, generator=gen, device=gen.device)
+
+
+def chunk_camera(state: camera.CameraState, actions: list | None, poses, frames: int) -> tuple[Tensor, camera.CameraState]:
+    """A chunk's framewise camera poses (frames, 4, 4) fp32 on the host, and the camera state
+    after it (applied by the caller once the chunk has committed)."""
+    if poses is not None:
+        world, pitch, scale = camera.validate_poses(poses, frames), state.pitch, camera.TRANSLATE_STEP
+    elif actions is not None:
+        world, pitch = camera.integrate_actions(camera.validate_actions(actions, frames), state)
+        scale = None
+    else:
+        raise HarnessError("generate_chunk needs actions (one per latent frame) or poses")
+    rel = torch.from_numpy(camera.framewise_poses(state.pose, world, scale)).float()
+    return rel, camera.CameraState(world[-1].copy(), pitch)
+
+
+def _to_device(t: Tensor, device: torch.device) -> Tensor:
+    if device.type == "cuda":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
 
 
 def _cudagraphs_recorded(device: torch.device) -> int | None:

@@ -8,6 +8,7 @@ next σ with fresh noise. The 5th "commit" pass runs at t = 0 on the clean x0.
 
 from __future__ import annotations
 
+import numpy as np
 from torch import Tensor
 
 from harness.config import ScheduleConfig
@@ -25,8 +26,12 @@ def sigmas(sched: ScheduleConfig) -> list[float]:
 
 
 def model_timesteps(sched: ScheduleConfig) -> list[float]:
-    """What the model's time embedding sees: σ·num_train_timesteps per denoise step, then the commit 0."""
-    return [s * sched.num_train_timesteps for s in sigmas(sched)] + [COMMIT_TIMESTEP]
+    """What the model's time embedding sees: σ·num_train_timesteps per denoise step, then the commit 0.
+
+    Each value is rounded to float32 as production hands it to the model (a float32 tensor,
+    widened to float64 only inside the sinusoidal embedding): 833.333… enters as 833.33331.
+    """
+    return [float(np.float32(s * sched.num_train_timesteps)) for s in sigmas(sched)] + [COMMIT_TIMESTEP]
 
 
 def phases(sched: ScheduleConfig) -> list[str]:

@@ -36,7 +36,8 @@ MAX_CHUNKS = 100_000
 
 Seed = Annotated[int, Meta(ge=0, le=2**31 - 1)]
 ChunkIndex = Annotated[int, Meta(ge=0, lt=MAX_CHUNKS)]
-ActionKeys = Annotated[str, Meta(max_length=16)]
+#: one latent frame's keys: a string ("wj") or, as production sends them, a list (["w", "j"])
+ActionKeys = Annotated[str, Meta(max_length=16)] | Annotated[list[Annotated[str, Meta(max_length=1)]], Meta(max_length=16)]
 Seconds = Annotated[float, Meta(gt=0, le=3600)]
 
 

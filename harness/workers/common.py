@@ -76,19 +76,26 @@ def world_size(cfg: HarnessConfig) -> int:
     return cfg.parallel.sp + cfg.parallel.vae_ranks
 
 
+def dit_in_world(cfg: HarnessConfig) -> bool:
+    """Whether the DiT ranks join the harness's process group. vLLM-Omni's DiT builds its own
+    (vLLM's group setup calls new_group on the default group, which the VAE ranks would have to
+    join too), so with that backend the world is the VAE ranks alone."""
+    return cfg.engine.backend == "reference"
+
+
 def needs_world(cfg: HarnessConfig) -> bool:
-    return cfg.parallel.sp > 1 or cfg.parallel.vae_ranks > 1
+    return (cfg.parallel.sp > 1 and dit_in_world(cfg)) or cfg.parallel.vae_ranks > 1
 
 
 def init_groups(spec: WorkerSpec) -> RankGroup:
     """Join the world (if any) and return this rank's role group."""
     cfg = spec.cfg
-    if not needs_world(cfg):
+    if not needs_world(cfg) or (spec.role == "dit" and not dit_in_world(cfg)):
         return RankGroup.single()
     import torch.distributed as dist
     from datetime import timedelta
 
-    sp, m = cfg.parallel.sp, cfg.parallel.vae_ranks
+    sp, m = cfg.parallel.sp if dit_in_world(cfg) else 0, cfg.parallel.vae_ranks
     global_rank = spec.rank if spec.role == "dit" else sp + spec.rank
     backend = "nccl" if spec.device.startswith("cuda") else "gloo"
     dist.init_process_group(

@@ -31,12 +31,12 @@ def main(spec: WorkerSpec, conn) -> None:
 
 def _serve(spec: WorkerSpec, conn) -> None:
     from harness.candidates import apply_candidates
-    from harness.engine.dit_engine import DitEngine
+    from harness.engine.backends import build_dit_engine
 
     group = init_groups(spec)
     device = torch.device(spec.device)
     cfg = spec.cfg
-    engine = DitEngine(cfg, group=group, device=device, seed=cfg.runtime.seed)
+    engine = build_dit_engine(cfg, group=group, device=device, seed=cfg.runtime.seed)
     applied = apply_candidates(spec.candidates, dit=engine)
     lead = spec.rank == 0
     timer = GpuTimer(device)

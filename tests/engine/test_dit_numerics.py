@@ -67,9 +67,9 @@ def test_schedule_values():
 # ---- camera ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("actions,match", [
     (["W", "X", ""], "invalid key"),
-    (["w", "", ""], "invalid key"),
     (["W", ""], "expected 3 actions"),
-    (["W", 1, ""], "must be a string"),
+    (["W", 1, ""], "must be a string or a list"),
+    ([["w", "jl"], [], []], "single keys"),
     ("WWW", "must be a list"),
 ])
 def test_bad_actions_are_clear_errors(actions, match):
@@ -77,19 +77,30 @@ def test_bad_actions_are_clear_errors(actions, match):
         camera.validate_actions(actions, 3)
 
 
+def _poses(actions, state=None):
+    return camera.integrate_actions(camera.validate_actions(actions, len(actions)), state or camera.CameraState.start())[0]
+
+
 def test_actions_move_the_camera():
-    p = camera.integrate_actions(["W", "W", "D"], np.eye(4))
-    assert np.allclose(p[1][:3, 3], [0, 0, 2 * camera.TRANSLATE_STEP])
-    assert np.allclose(p[2][:3, 3], [camera.TRANSLATE_STEP, 0, 2 * camera.TRANSLATE_STEP])
-    yaw_left = camera.integrate_actions(["J"], np.eye(4))[0]
+    step, eps = camera.TRANSLATE_STEP, camera.DIRECTION_EPS
+    p = _poses(["w", "w", "d"])
+    assert np.allclose(p[1][:3, 3], [0, 0, 2 * step / (1 + eps)])
+    assert np.allclose(p[2][:3, 3], [step / (1 + eps), 0, 2 * step / (1 + eps)])
+    yaw_left = _poses(["j"])[0]
     assert yaw_left[0, 2] < 0  # forward (+z) turns toward −x, the left
-    pitch_up = camera.integrate_actions(["I"], np.eye(4))[0]
+    pitch_up = _poses(["i"])[0]
     assert pitch_up[1, 2] < 0  # forward turns toward −y, up in image coordinates
-    assert np.allclose(camera.integrate_actions(["WS", "AD", "IK"], np.eye(4)), np.eye(4))
-    turned = camera.integrate_actions(["L"] * 30 + ["W"], np.eye(4))[-1]  # 90° right, then forward
-    assert np.allclose(turned[:3, 3], [camera.TRANSLATE_STEP, 0, 0], atol=1e-9)
-    rel = camera.relative_poses(p, p[0])
-    assert np.allclose(rel[0], np.eye(4))
+    assert np.allclose(_poses(["ws", "ad", "ik", "jl"]), np.eye(4))
+    turned = _poses(["l"] * 15 + ["w"])[-1]  # 15 × 6° = 90° right, then forward
+    assert np.allclose(turned[:3, 3], [step, 0, 0], atol=1e-6)
+    # looking down does not move the camera down: translation stays on the ground plane
+    assert abs(_poses(["k"] * 5 + ["w"])[-1][1, 3]) < 1e-12
+    # pitch is clamped at ±85°: 21 steps of 4° reach 84°, the 22nd is dropped
+    _, pitch = camera.integrate_actions(["i"] * 30, camera.CameraState.start())
+    assert math.degrees(pitch) == pytest.approx(84.0)
+    rel = camera.framewise_poses(np.eye(4), p, None)
+    assert np.allclose(np.linalg.norm(rel[:, :3, 3], axis=-1), [1, 1, 1])  # the chunk's largest step is 1
+    assert np.allclose(camera.framewise_poses(np.eye(4), _poses(["", "", ""]), None), np.eye(4))
     camera.validate_poses(p, 3)
 
 
@@ -108,7 +119,7 @@ def test_bad_poses_are_clear_errors(bad, match):
 def test_rays_layout():
     h, w = 32, 48
     rays = camera.CameraRays(h, w, CPU)
-    poses = torch.from_numpy(camera.integrate_actions(["W", "J"], np.eye(4))).float()
+    poses = torch.from_numpy(_poses(["w", "j"])).float()
     out = rays(poses)
     assert out.shape == (384, 2, h // 8, w // 8)
     # channel c·64 + dy·8 + dx holds ray channel c of pixel (8·y + dy, 8·x + dx)
@@ -127,7 +138,7 @@ def test_engine_rejects_bad_actions_without_state_change():
         eng.generate_chunk(s, ["W", "Q", ""])
     assert s.chunk == 0 and eng.kv_stats()["blocks_used"] == 0
     a = eng.generate_chunk(s, ["W", "", ""])
-    b = eng.generate_chunk(s, poses=camera.integrate_actions(["W", "W", "W"], s.last_pose))
+    b = eng.generate_chunk(s, poses=_poses(["W", "W", "W"], s.pose_state))
     assert a.shape == b.shape and s.chunk == 2
     eng.end_session(s)
 
