@@ -34,7 +34,6 @@ Outputs: ``OUT/compare.json`` (``CompareResult``) and ``OUT/compare.md``.
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import os
 import re
 from pathlib import Path
@@ -94,6 +93,8 @@ class Ratio(msgspec.Struct, frozen=True):
     launches: tuple[int, int] = (0, 0)
     confidence: float = S.DEFAULT_CONFIDENCE
     df: float | None = None
+    #: spread (sd, log scale) of the launch units of A and B: what the budget's MDE is projected from
+    sd_log: tuple[float, float] | None = None
 
 
 class Row(msgspec.Struct, frozen=True):
@@ -360,7 +361,7 @@ VERDICT_METHOD = ("each launch (round × arm) one unit: the median of its pooled
 
 
 def _ratio(e: S.Interval, n_sessions: int, n_samples: int) -> Ratio:
-    return Ratio(e.value, e.low, e.high, n_sessions, n_samples, (e.n_a, e.n_b), e.confidence, e.df)
+    return Ratio(e.value, e.low, e.high, n_sessions, n_samples, (e.n_a, e.n_b), e.confidence, e.df, (e.sd_a, e.sd_b))
 
 
 def compare_metric(metric: str, boundary: str, base: Rounds, cand: Rounds, gate_passed: bool | None,
@@ -439,13 +440,11 @@ class Plan(msgspec.Struct, frozen=True):
         return S.spending_levels(looks, self.alpha)[looks.index(rounds)] if rounds in looks else self.alpha
 
     def mde_for_budget(self, row: Row, rounds: int) -> float | None:
-        """The shift the whole budget detects with 80 % power, from the spread seen after ``rounds``:
-        the standard error shrinks as 1/√rounds, the degrees of freedom grow with the rounds."""
-        if row.ab is None or row.ab.df is None or rounds < S.MIN_LAUNCHES:
+        """The shift the whole budget (``max_rounds`` launches per arm, the last look's level) detects
+        with 80 % power, if the launches keep the spread seen after ``rounds``."""
+        if row.ab is None or row.ab.sd_log is None or rounds < S.MIN_LAUNCHES:
             return None
-        se = math.log(row.ab.high / row.ab.low) / 2 / float(S.t_quantile(1 - row.ab.confidence, row.ab.df))
-        grow = (self.max_rounds - 1) / (rounds - 1)
-        return S.min_detectable(se * math.sqrt(rounds / self.max_rounds), row.ab.df * grow, self.level(self.max_rounds))
+        return S.min_detectable(*row.ab.sd_log, self.max_rounds, self.max_rounds, self.level(self.max_rounds))
 
     def record(self) -> dict:
         return {"max_rounds": self.max_rounds, "margin": self.margin, "alpha": self.alpha, "looks": list(self.looks),

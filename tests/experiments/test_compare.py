@@ -165,7 +165,7 @@ def test_until_resolved_stops_at_the_first_decisive_look(monkeypatch, tmp_path):
     """The loop alone: launches and judgement stand in, verdicts scripted look by look."""
     script = iter(["no resolvable difference", "no resolvable difference", "faster"])
     launched = []
-    ratio = C.Ratio(0.9, 0.8, 0.95, 8, 32, (2, 2), 0.99, 2.0)
+    ratio = C.Ratio(0.9, 0.8, 0.95, 8, 32, (2, 2), 0.99, 2.0, (0.02, 0.02))
 
     def fake_round(cfg, out, r, arms, *a):
         launched.append(r)
