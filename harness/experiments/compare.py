@@ -36,6 +36,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -623,17 +624,33 @@ def default_out(candidate: Sequence[str]) -> Path:
 DECISIVE = ("faster", "slower", "equivalent")
 
 
-def check_plan(rounds: int, until_resolved: bool, max_rounds: int, margin: float) -> Plan:
-    """The plan of looks, refused in one line when it cannot work."""
+def check_plan(rounds: int | None, until_resolved: bool, max_rounds: int | None, margin: float) -> Plan:
+    """The plan of looks, refused in one line when it cannot work; ``None`` takes the default. A
+    fixed comparison takes ``--rounds``, a sequential one ``--max-rounds``: given the other's
+    option, it would be silently ignored, so it is refused."""
     if not 0 < margin < 1:
         raise HarnessError(f"--margin must be in (0, 1) (0.02 = ±2 %), got {margin}")
     if until_resolved:
+        if rounds is not None:
+            raise HarnessError("--rounds and --until-resolved exclude each other: a sequential comparison's budget is --max-rounds")
+        max_rounds = S.DEFAULT_MAX_ROUNDS if max_rounds is None else max_rounds
         if max_rounds < S.MIN_LAUNCHES:
             raise HarnessError(f"--max-rounds must be ≥ {S.MIN_LAUNCHES} (a verdict needs {S.MIN_LAUNCHES} launches per arm), got {max_rounds}")
         return Plan(max_rounds, True, margin)
+    if max_rounds is not None:
+        raise HarnessError("--max-rounds is the budget of --until-resolved; a fixed comparison takes --rounds")
+    rounds = DEFAULT_ROUNDS if rounds is None else rounds
     if rounds < 1:
         raise HarnessError(f"--rounds must be ≥ 1, got {rounds}")
     return Plan(rounds, False, margin)
+
+
+def budget_line(plan: Plan) -> str:
+    """What a sequential comparison may cost and how strict its looks are, said before it starts."""
+    lv = S.spending_levels(plan.looks, plan.alpha)
+    return (f"until resolved: at most {plan.max_rounds} rounds ({2 * plan.max_rounds} launches); looks after rounds "
+            f"{plan.looks[0]}–{plan.looks[-1]} at nominal levels {lv[0]:.2g} … {lv[-1]:.3g} (overall false faster/slower "
+            f"≤ {plan.alpha:g}); stops at faster, slower or equivalent (within 1 ± {plan.margin:g})")
 
 
 def _launch_round(cfg, out: Path, r: int, specs_by_arm, hooks, progress, proto, log) -> dict[str, RunMeta]:
@@ -658,13 +675,13 @@ def run_compare(
     baseline: Sequence[str],
     candidate: Sequence[str],
     *,
-    rounds: int = DEFAULT_ROUNDS,
+    rounds: int | None = None,
     out: Path,
     hooks: tuple[str, ...] = (),
     progress: bool = False,
     log: Callable[[str], None] = print,
     until_resolved: bool = False,
-    max_rounds: int = S.DEFAULT_MAX_ROUNDS,
+    max_rounds: int | None = None,
     margin: float = S.DEFAULT_MARGIN,
 ) -> CompareResult:
     from harness.candidates import configure, resolve
@@ -688,10 +705,15 @@ def run_compare(
     proto = protocol_for("timing", cfg)
     metas: dict[str, list[RunMeta]] = {"A": [], "B": []}
     gate_rec, stopped, seq = None, None, plan.record() if until_resolved else None
+    if seq is not None:
+        log(budget_line(plan))
     for r in range(plan.max_rounds):
+        t0 = time.monotonic()
         for arm, m in _launch_round(cfg, out, r, (("A", a_specs), ("B", b_specs)), hooks, progress, proto, log).items():
             metas[arm].append(m)
         if r == 0:
+            took = time.monotonic() - t0
+            log(f"the first round took {took:.0f} s: {plan.max_rounds} rounds take about {plan.max_rounds * took / 60:.0f} min at most")
             cand = check_comparable(metas["A"], metas["B"])  # refuse before spending more rounds
             gate_rec = run_gate(metas["A"][0], metas["B"][0], cand)
             log(f"gate ({gate_rec.kind}): {gate_rec.verdict}")
