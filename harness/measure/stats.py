@@ -445,7 +445,7 @@ def min_detectable(sd_a: float, sd_b: float, n_a: int, n_b: int, level: float, *
 
     By simulation rather than the textbook (t_level + z_power)·se: with 2–5 launches per arm the
     interval's own width varies so much (its se and Welch df are estimated) that the textbook shift
-    is found only 45–77 % of the time. A shift δ is found when δ > q·se − (noise of the point), so
+    is found only 43–76 % of the time. A shift δ is found when δ > q·se − (noise of the point), so
     the MDE is the ``power`` quantile of that threshold over seeded draws."""
     rng = np.random.default_rng(DEFAULT_SEED)
     zb = rng.normal(0.0, sd_b, (MDE_DRAWS, n_b))
