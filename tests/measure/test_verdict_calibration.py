@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pytest
 
 from harness.measure import stats as S
 
