@@ -256,10 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("compare", help="interleaved A/B (A B A B …) of --candidate against --baseline, numeric gate first")
     add_serve_options(cp)
     cp.add_argument("--baseline", action="append", default=[], metavar="ID", help="candidate applied to both arms (repeatable)")
-    cp.add_argument("--rounds", type=int, default=3, help="rounds; one serve launch per arm per round (default 3)")
+    cp.add_argument("--rounds", type=int, help="rounds; one serve launch per arm per round (default 3)")
     cp.add_argument("--until-resolved", action="store_true", help="add A B rounds until faster, slower or equivalent "
-                    "(alpha spent over the looks: overall false faster/slower ≤ 5 %%); --rounds is then ignored")
-    cp.add_argument("--max-rounds", type=int, default=24, help="--until-resolved: at most this many rounds (default 24: "
+                    "(alpha spent over the looks: overall false faster/slower ≤ 5 %%); not with --rounds")
+    cp.add_argument("--max-rounds", type=int, help="--until-resolved: at most this many rounds (default 24: "
                     "80 %% power at a 5 %% shift under 5 %% launch noise; docs/statistics.md)")
     cp.add_argument("--margin", type=float, default=0.02, help="equivalent = the whole interval within 1 ± this (default 0.02)")
     cp.add_argument("--reanalyze", action="store_true", help="judge the round directories already in --out; serve nothing")

@@ -34,9 +34,9 @@ Outputs: ``OUT/compare.json`` (``CompareResult``) and ``OUT/compare.md``.
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import os
 import re
+import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -94,6 +94,8 @@ class Ratio(msgspec.Struct, frozen=True):
     launches: tuple[int, int] = (0, 0)
     confidence: float = S.DEFAULT_CONFIDENCE
     df: float | None = None
+    #: spread (sd, log scale) of the launch units of A and B: what the budget's MDE is projected from
+    sd_log: tuple[float, float] | None = None
 
 
 class Row(msgspec.Struct, frozen=True):
@@ -365,7 +367,7 @@ VERDICT_METHOD = ("each launch (round × arm) one unit: the median of its pooled
 
 
 def _ratio(e: S.Interval, n_sessions: int, n_samples: int) -> Ratio:
-    return Ratio(e.value, e.low, e.high, n_sessions, n_samples, (e.n_a, e.n_b), e.confidence, e.df)
+    return Ratio(e.value, e.low, e.high, n_sessions, n_samples, (e.n_a, e.n_b), e.confidence, e.df, (e.sd_a, e.sd_b))
 
 
 def compare_metric(metric: str, boundary: str, base: Rounds, cand: Rounds, gate_passed: bool | None,
@@ -444,13 +446,11 @@ class Plan(msgspec.Struct, frozen=True):
         return S.spending_levels(looks, self.alpha)[looks.index(rounds)] if rounds in looks else self.alpha
 
     def mde_for_budget(self, row: Row, rounds: int) -> float | None:
-        """The shift the whole budget detects with 80 % power, from the spread seen after ``rounds``:
-        the standard error shrinks as 1/√rounds, the degrees of freedom grow with the rounds."""
-        if row.ab is None or row.ab.df is None or rounds < S.MIN_LAUNCHES:
+        """The shift the whole budget (``max_rounds`` launches per arm, the last look's level) detects
+        with 80 % power, if the launches keep the spread seen after ``rounds``."""
+        if row.ab is None or row.ab.sd_log is None or rounds < S.MIN_LAUNCHES:
             return None
-        se = math.log(row.ab.high / row.ab.low) / 2 / float(S.t_quantile(1 - row.ab.confidence, row.ab.df))
-        grow = (self.max_rounds - 1) / (rounds - 1)
-        return S.min_detectable(se * math.sqrt(rounds / self.max_rounds), row.ab.df * grow, self.level(self.max_rounds))
+        return S.min_detectable(*row.ab.sd_log, self.max_rounds, self.max_rounds, self.level(self.max_rounds))
 
     def record(self) -> dict:
         return {"max_rounds": self.max_rounds, "margin": self.margin, "alpha": self.alpha, "looks": list(self.looks),
@@ -634,17 +634,33 @@ def default_out(candidate: Sequence[str]) -> Path:
 DECISIVE = ("faster", "slower", "equivalent")
 
 
-def check_plan(rounds: int, until_resolved: bool, max_rounds: int, margin: float) -> Plan:
-    """The plan of looks, refused in one line when it cannot work."""
+def check_plan(rounds: int | None, until_resolved: bool, max_rounds: int | None, margin: float) -> Plan:
+    """The plan of looks, refused in one line when it cannot work; ``None`` takes the default. A
+    fixed comparison takes ``--rounds``, a sequential one ``--max-rounds``: given the other's
+    option, it would be silently ignored, so it is refused."""
     if not 0 < margin < 1:
         raise HarnessError(f"--margin must be in (0, 1) (0.02 = ±2 %), got {margin}")
     if until_resolved:
+        if rounds is not None:
+            raise HarnessError("--rounds and --until-resolved exclude each other: a sequential comparison's budget is --max-rounds")
+        max_rounds = S.DEFAULT_MAX_ROUNDS if max_rounds is None else max_rounds
         if max_rounds < S.MIN_LAUNCHES:
             raise HarnessError(f"--max-rounds must be ≥ {S.MIN_LAUNCHES} (a verdict needs {S.MIN_LAUNCHES} launches per arm), got {max_rounds}")
         return Plan(max_rounds, True, margin)
+    if max_rounds is not None:
+        raise HarnessError("--max-rounds is the budget of --until-resolved; a fixed comparison takes --rounds")
+    rounds = DEFAULT_ROUNDS if rounds is None else rounds
     if rounds < 1:
         raise HarnessError(f"--rounds must be ≥ 1, got {rounds}")
     return Plan(rounds, False, margin)
+
+
+def budget_line(plan: Plan) -> str:
+    """What a sequential comparison may cost and how strict its looks are, said before it starts."""
+    lv = S.spending_levels(plan.looks, plan.alpha)
+    return (f"until resolved: at most {plan.max_rounds} rounds ({2 * plan.max_rounds} launches); looks after rounds "
+            f"{plan.looks[0]}–{plan.looks[-1]} at nominal levels {lv[0]:.2g} … {lv[-1]:.3g} (overall false faster/slower "
+            f"≤ {plan.alpha:g}); stops at faster, slower or equivalent (within 1 ± {plan.margin:g})")
 
 
 def _launch_round(cfg, out: Path, r: int, specs_by_arm, hooks, progress, proto, log) -> dict[str, RunMeta]:
@@ -669,13 +685,13 @@ def run_compare(
     baseline: Sequence[str],
     candidate: Sequence[str],
     *,
-    rounds: int = DEFAULT_ROUNDS,
+    rounds: int | None = None,
     out: Path,
     hooks: tuple[str, ...] = (),
     progress: bool = False,
     log: Callable[[str], None] = print,
     until_resolved: bool = False,
-    max_rounds: int = S.DEFAULT_MAX_ROUNDS,
+    max_rounds: int | None = None,
     margin: float = S.DEFAULT_MARGIN,
 ) -> CompareResult:
     from harness.candidates import configure, resolve
@@ -699,10 +715,15 @@ def run_compare(
     proto = protocol_for("timing", cfg)
     metas: dict[str, list[RunMeta]] = {"A": [], "B": []}
     gate_rec, stopped, seq = None, None, plan.record() if until_resolved else None
+    if seq is not None:
+        log(budget_line(plan))
     for r in range(plan.max_rounds):
+        t0 = time.monotonic()
         for arm, m in _launch_round(cfg, out, r, (("A", a_specs), ("B", b_specs)), hooks, progress, proto, log).items():
             metas[arm].append(m)
         if r == 0:
+            took = time.monotonic() - t0
+            log(f"the first round took {took:.0f} s: {plan.max_rounds} rounds take about {plan.max_rounds * took / 60:.0f} min at most")
             cand = check_comparable(metas["A"], metas["B"])  # refuse before spending more rounds
             gate_rec = run_gate(metas["A"][0], metas["B"][0], cand)
             log(f"gate ({gate_rec.kind}): {gate_rec.verdict}")

@@ -165,7 +165,7 @@ def test_until_resolved_stops_at_the_first_decisive_look(monkeypatch, tmp_path):
     """The loop alone: launches and judgement stand in, verdicts scripted look by look."""
     script = iter(["no resolvable difference", "no resolvable difference", "faster"])
     launched = []
-    ratio = C.Ratio(0.9, 0.8, 0.95, 8, 32, (2, 2), 0.99, 2.0)
+    ratio = C.Ratio(0.9, 0.8, 0.95, 8, 32, (2, 2), 0.99, 2.0, (0.02, 0.02))
 
     def fake_round(cfg, out, r, arms, *a):
         launched.append(r)
@@ -185,8 +185,14 @@ def test_until_resolved_stops_at_the_first_decisive_look(monkeypatch, tmp_path):
     monkeypatch.setattr(C, "refuse_unrepeatable_exact", lambda *a: None)
     from harness.config import load_preset
 
+    logs: list[str] = []
     res = C.run_compare(load_preset("tiny"), [], ["H5a"], out=tmp_path / "c", until_resolved=True, max_rounds=6,
-                        log=lambda s: None)
+                        log=logs.append)
+    # the budget is said before the first launch, its time after the first round, the MDE at the first look
+    assert logs[0].startswith("until resolved: at most 6 rounds (12 launches); looks after rounds 2–6")
+    assert logs[1].startswith("the first round took") and "6 rounds take about" in logs[1]
+    assert [x.split(":")[0] for x in logs if x.startswith("look after")] == [f"look after {n} rounds" for n in (2, 3, 4)]
+    assert sum("minimum detectable effect" in x and "with all 6 rounds" in x for x in logs) == 1
     assert launched == [0, 1, 2, 3]  # looks after rounds 2, 3, 4: decisive at the third
     q = res.sequential
     assert q["outcome"] == "faster after 4 rounds" and q["looks"] == [2, 3, 4, 5, 6] and q["rounds"] == 4
@@ -223,9 +229,22 @@ def test_compare_prints_the_gate_once():
 
 def test_cli_defaults_are_the_documented_budget():
     from harness.cli import build_parser
+    from harness.errors import HarnessError
     from harness.experiments.engine_ab import DEFAULT_LAUNCHES
     from harness.measure import stats as S
 
-    a = build_parser().parse_args(["compare", "--candidate", "H5a"])
-    assert (a.max_rounds, a.margin, a.until_resolved) == (S.DEFAULT_MAX_ROUNDS, S.DEFAULT_MARGIN, False)
+    def plan(*argv):
+        a = build_parser().parse_args(["compare", "--candidate", "H5a", *argv])
+        return C.check_plan(a.rounds, a.until_resolved, a.max_rounds, a.margin)
+
+    assert plan() == C.Plan(C.DEFAULT_ROUNDS, False, S.DEFAULT_MARGIN)
+    assert plan("--until-resolved") == C.Plan(S.DEFAULT_MAX_ROUNDS, True, S.DEFAULT_MARGIN)
+    assert plan("--until-resolved", "--max-rounds", "6").looks == (2, 3, 4, 5, 6)
+    # the other mode's option would be silently ignored: refused
+    for argv, msg in ((("--until-resolved", "--rounds", "5"), "exclude each other"),
+                      (("--max-rounds", "6"), "budget of --until-resolved")):
+        with pytest.raises(HarnessError, match=msg):
+            plan(*argv)
+    line = C.budget_line(plan("--until-resolved"))
+    assert f"at most {S.DEFAULT_MAX_ROUNDS} rounds ({2 * S.DEFAULT_MAX_ROUNDS} launches)" in line and "rounds 2–24" in line
     assert build_parser().parse_args(["ab-engine", "--candidate", "H2a"]).launches == DEFAULT_LAUNCHES

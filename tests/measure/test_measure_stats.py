@@ -138,6 +138,15 @@ def test_t_distribution_against_tabulated_values():
     assert q == pytest.approx([12.7062, 4.3027, 2.2281, 4.0321, 1.9600], abs=1e-4)
     assert S.t_two_sided_p([12.7062, 2.2281, 0.0], [1, 10, 3]) == pytest.approx([0.05, 0.05, 1.0], abs=1e-5)
     assert S.t_two_sided_p(np.inf, 4) == 0.0
+    # non-integer Welch df (references: the regularised incomplete beta in 40-digit arithmetic)
+    q = S.t_quantile([0.05, 0.01, 0.05], [2.5, 3.7, 17.3])
+    assert q == pytest.approx([3.574655, 4.869252, 2.107032], abs=1e-5)
+    # the tiny levels of early sequential looks, against closed forms: df 1 is Cauchy, df 2 has
+    # P(|T| ≥ q) = 1 − q/√(2 + q²)
+    p1, p2 = 1e-6, 1e-11
+    q = S.t_quantile([p1, p2], [1, 2])
+    c = 1 - p2
+    assert q == pytest.approx([1 / math.tan(math.pi * p1 / 2), math.sqrt(2 * c * c / (1 - c * c))], rel=1e-6)
 
 
 def test_spending_levels_keep_the_overall_false_rate_at_alpha():
@@ -154,6 +163,10 @@ def test_spending_levels_keep_the_overall_false_rate_at_alpha():
     z = (w / np.sqrt(np.arange(1, 11)))[:, 1:]
     crossed = np.mean((np.abs(z) >= c).any(axis=1))
     assert crossed == pytest.approx(0.05, abs=0.003)
+    # and by each look, what the spending function allows so far: α(t) = 2 − 2Φ(z₀.₉₇₅/√t)
+    by_look = np.cumsum(np.bincount(np.argmax(np.abs(z) >= c, axis=1)[(np.abs(z) >= c).any(axis=1)], minlength=9)) / z.shape[0]
+    spent = [2 - 2 * nd.cdf(nd.inv_cdf(0.975) / math.sqrt(n / 10)) for n in looks]
+    assert by_look == pytest.approx(spent, abs=0.0015)
     with pytest.raises(ValueError):
         S.sequential_looks(1)
 
@@ -193,6 +206,22 @@ def test_log_ratio_welch_and_paired():
     assert (point, df) == pytest.approx((0.1, 2.0)) and se == pytest.approx(0.02 / math.sqrt(3))
     with pytest.raises(ValueError):
         S.log_ratio(ua[:1], ub)
+
+
+@pytest.mark.parametrize("n, paired", [(2, False), (3, False), (10, False), (3, True)])
+def test_min_detectable_is_the_shift_found_with_80_percent_power(n, paired):
+    sd_a, sd_b = 0.05, 0.03
+    mde = S.min_detectable(sd_a, sd_b, n, n, 0.05, paired=paired)
+    rng = np.random.default_rng(11)  # draws independent of min_detectable's own
+    trials = 5000
+    ua = np.zeros((trials, n)) if paired else rng.normal(0, sd_a, (trials, n))
+    ub = rng.normal(math.log1p(mde), sd_b, (trials, n))
+    code, _, _ = S.decide(*S.log_ratio(ua, ub, paired), 0.05, 1e-9)
+    assert np.mean(code == 2) == pytest.approx(S.POWER, abs=0.025)
+    if n == 2:  # the textbook (t + z)·se shift is found far less often with 2 launches per arm
+        se = math.sqrt((sd_a**2 + sd_b**2) / n)
+        textbook = (float(S.t_quantile(0.05, 2)) + statistics.NormalDist().inv_cdf(S.POWER)) * se
+        assert math.expm1(textbook) < 0.8 * mde
 
 
 def _launches(rng, mu, n, sessions=3, chunks=4, launch_sigma=0.01):
