@@ -137,6 +137,24 @@ def test_a_live_owner_keeps_its_ring_and_its_run_directory(tmp_path):
     assert (tmp_path / "notes.txt").exists()
 
 
+def test_report_and_gate_refuse_an_abandoned_run_in_one_line(tmp_path, capsys):
+    from harness import cli
+    from harness.drivers.runstate import owner_record
+
+    dead = owner_record()
+    dead["start_ticks"] = (dead["start_ticks"] or 0) + 1  # same pid, another process instance: the owner is gone
+    run = tmp_path / "run"
+    (run / "outputs").mkdir(parents=True)
+    (run / "events.jsonl").write_bytes(b"")
+    (run / "manifest.json").write_text(json.dumps({"status": "running", "owner": dead}))
+    assert run_status(run) == "abandoned"
+    for argv in (["report", str(run)], ["gate", str(run), str(run)]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: {run} is an abandoned run") and f"pid {os.getpid()}" in err and "\n" not in err
+    assert not (run / "report.md").exists()
+
+
 def test_a_full_disk_leaves_a_failed_manifest_and_no_summary(tmp_path):
     out = tmp_path / "run"
     cfg = override(load_preset("tiny"), runtime={"sessions": 1}, video={"chunks_per_session": 2})
@@ -150,7 +168,6 @@ def test_a_full_disk_leaves_a_failed_manifest_and_no_summary(tmp_path):
     assert man["status"] == "failed" and "summary not written: No space left on device" in man["error"]
     assert man["summary"] is None and not (out / "summary.json").exists()
     assert not list(out.rglob("*.tmp")), "a half-written file is left"
-
 
 
 def test_a_stalled_worker_is_reported_within_the_bound_and_shows_in_the_summary(tmp_path, capfd):
