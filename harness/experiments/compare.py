@@ -39,6 +39,7 @@ from typing import Callable, Sequence
 import msgspec
 
 from harness.errors import HarnessError
+from harness.limits import MAX_JSON_BYTES, read_bounded
 from harness.measure import metrics as M
 from harness.measure import stats as S
 from harness.measure.events import ChunkEvent, SessionStart, read_run
@@ -160,7 +161,7 @@ class RunMeta(msgspec.Struct, frozen=True):
 
 def _read_json(path: Path) -> dict:
     try:
-        return msgspec.json.decode(path.read_bytes())
+        return msgspec.json.decode(read_bounded(path, MAX_JSON_BYTES, "run record"))
     except FileNotFoundError:
         raise HarnessError(f"{path} is missing: not a finished run directory") from None
     except (OSError, msgspec.DecodeError) as e:
