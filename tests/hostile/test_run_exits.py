@@ -229,3 +229,24 @@ def test_a_stalled_worker_is_reported_within_the_bound_and_shows_in_the_summary(
     assert res.summary["status"] == "complete"
     hashes = [(r / "outputs" / "hashes.jsonl").read_text() for r in (clean.run_dir, res.run_dir)]
     assert hashes[0] == hashes[1]  # the stall changed no frame
+
+
+def test_a_stop_signal_during_a_spawn_is_raised_once_the_spawn_is_done():
+    """Stop signals inside ``signals.held()`` (the launcher wraps each worker's spawn in it) take
+    effect when the block ends, never half-way through it."""
+    from harness.drivers import signals as S
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    steps = []
+    try:
+        S.install()
+        with pytest.raises(S.Stopped) as stop:
+            with S.held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.2)  # the handler has run by now, and raised nothing here
+                steps.append("spawned")
+        assert steps == ["spawned"] and stop.value.signum == signal.SIGTERM
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+        S._received.clear()
