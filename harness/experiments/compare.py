@@ -169,6 +169,9 @@ def _read_json(path: Path) -> dict:
 
 
 def load_meta(run_dir: Path, round_: int, arm: str) -> RunMeta:
+    from harness.drivers.runstate import refuse_unfinished
+
+    refuse_unfinished(run_dir)  # a summary beside a manifest still saying running is not a finished run
     return RunMeta(round_, arm, os.fspath(run_dir), _read_json(run_dir / "manifest.json"), _read_json(run_dir / "summary.json"))
 
 
