@@ -250,3 +250,23 @@ def test_a_stop_signal_during_a_spawn_is_raised_once_the_spawn_is_done():
         for s, h in before.items():
             signal.signal(s, h)
         S._received.clear()
+
+
+def test_a_stop_before_the_events_file_exists_still_reads_interrupted(tmp_path, monkeypatch):
+    """SIGTERM at the very start of start-up (before the ring and events.jsonl exist) is an
+    interrupted run with an empty summary, not a failed one whose summary found no events file."""
+    from harness.drivers.signals import Stopped
+    from harness.pipeline.ring import FrameRing
+
+    def stop(*_a, **_k):
+        raise Stopped(signal.SIGTERM)
+
+    monkeypatch.setattr(FrameRing, "create", stop)
+    out = tmp_path / "run"
+    with pytest.raises(Stopped):
+        serve(load_preset("tiny"), ServeOptions(out=str(out), progress=False, probes=False))
+    man = json.loads((out / "manifest.json").read_text())
+    assert (man["status"], man["error"], man["summary"]) == ("interrupted", "stopped by SIGTERM", "summary.json")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["sessions_completed"] == 0
+    assert not (out / "events.jsonl").exists() and not list(out.rglob("*.tmp"))
