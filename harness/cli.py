@@ -176,11 +176,13 @@ def print_headline(run_dir: Path, summary: dict) -> None:
 def cmd_gate(args: argparse.Namespace) -> int:
     import msgspec
 
+    from harness.drivers.runstate import refuse_unfinished
     from harness.measure.gates import gate
 
     for d in (args.run_a, args.run_b):
         if not (Path(d) / "outputs").is_dir():
             raise HarnessError(f"{d} is not a run directory (no outputs/)")
+        refuse_unfinished(d)
     res = gate(args.run_a, args.run_b, "exact" if args.exact else "threshold")
     for f in res.files:
         metrics = "  ".join(f"{k}={v:.3g}" for k, v in f.metrics.items())
@@ -190,6 +192,15 @@ def cmd_gate(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_bytes(msgspec.json.encode(res))
     return 0 if res.passed else EXIT_FAIL
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from harness.drivers.runstate import refuse_unfinished
+    from harness.measure.report import main
+
+    for d in args.runs:
+        refuse_unfinished(d, allow_running=True)  # a live run's report is a snapshot; a dead one's is not a run
+    return main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -272,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="add each run's table beside DESIGN §12's production figures, with ratios")
     rp.add_argument("--bench", metavar="BENCH_JSON", help="bench-engine --json of the same preset on the same GPUs: "
                     "FLOPs and peaks for the MFU rows (implies --against-production)")
-    rp.set_defaults(fn=_lazy("harness.measure.report", "main"))
+    rp.set_defaults(fn=cmd_report)
 
     vd = sub.add_parser("verdicts", help="every candidate's gate, ratio, interval, A/A floor and verdict in one table, "
                         "from compare directories and ab-engine JSON files")

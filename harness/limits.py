@@ -9,6 +9,9 @@ is one line and exit 2 rather than an ENOMEM traceback minutes later. Two kinds 
   and frame ring against host memory, ``/dev/shm`` and (on CUDA) the device's memory. They are
   estimates from the shapes (weights and KV only; activations come on top), so they refuse what
   cannot fit, never promise that what passes will.
+
+Files are read through ``read_bounded``: a config file or a JSON record over its ceiling is one
+line, not a read of whatever happens to be at that path.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ from pathlib import Path
 
 import msgspec
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, HarnessError
 
 #: latent frames per session that have a RoPE position (Wan's table size); the DiT reads it from here
 ROPE_MAX_FRAMES = 1024
 #: a config file is a few hundred bytes; anything this large is not one
 MAX_CONFIG_BYTES = 1 << 20
+#: a JSON record the harness wrote (manifest, summary, bench-engine or compare result, capture index)
+MAX_JSON_BYTES = 64 << 20
 #: generous ceilings: far above any model this harness serves, far below an allocation that hangs a host
 MAX_PIXELS_SIDE = 8192
 MAX = {"dim": 65536, "num_layers": 1024, "num_heads": 1024, "ffn_dim": 262144, "text_dim": 65536,
@@ -71,16 +76,20 @@ def check_required(raw: dict, where: str) -> None:
                               "defaulted; copy them from a preset in configs/)")
 
 
+def read_bounded(path: str | Path, limit: int, what: str, error: type[HarnessError] = HarnessError) -> bytes:
+    """The file's bytes, refusing anything over ``limit`` without reading it all (``OSError`` is the caller's)."""
+    with open(path, "rb") as f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise error(f"{path} is over {limit >> 10} KiB; not a {what}")
+    return raw
+
+
 def read_config_bytes(path: Path) -> bytes:
-    """The file's bytes, refusing anything over ``MAX_CONFIG_BYTES`` without reading it all."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+        return read_bounded(path, MAX_CONFIG_BYTES, "config file", ConfigError)
     except OSError as e:
         raise ConfigError(f"cannot read config {path}: {e.strerror}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"config {path.name} is over {MAX_CONFIG_BYTES >> 10} KiB; not a config file")
-    return raw
 
 
 def _spelled(obj, field: str) -> str:

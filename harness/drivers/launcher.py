@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Callable
 
 from harness.config import HarnessConfig
+from harness.drivers.signals import held
 from harness.engine.groups import free_port
 from harness.errors import HarnessError, RunFailed
 from harness.pipeline import messages as M
@@ -146,9 +147,10 @@ class LocalLauncher(Addressing):
             )
             parent, child = ctx.Pipe(duplex=True)
             p = ctx.Process(target=_run, args=(role, spec, child), name=f"harness-{role}{rank}", daemon=True)
-            p.start()
+            with held():  # a signal mid-spawn waits until the child has its whole start-up message
+                p.start()
+                self.procs.append(Proc(role, rank, p, parent))
             child.close()
-            self.procs.append(Proc(role, rank, p, parent))
         deadline = time.monotonic() + cfg.runtime.rank_timeout_s
         while any(p.ready is None for p in self.procs):
             if time.monotonic() > deadline:

@@ -74,6 +74,18 @@ def run_status(run_dir: Path) -> str:
     return status
 
 
+def refuse_unfinished(run_dir: str | Path, allow_running: bool = False) -> None:
+    """One line instead of reading a run that never ended (``abandoned``) as if it were valid;
+    a live one too unless ``allow_running`` (a report of a run in progress)."""
+    status = run_status(Path(run_dir))
+    if status == "abandoned":
+        pid = (read_manifest(Path(run_dir)) or {}).get("owner", {}).get("pid", "?")
+        raise HarnessError(f"{run_dir} is an abandoned run: its manifest says running but its owner (pid {pid}) "
+                           "is gone, so its files cover an unknown part of the run")
+    if status == "running" and not allow_running:
+        raise HarnessError(f"{run_dir} is still running; wait for it to end")
+
+
 def claim_out(path: Path, overwrite: bool) -> None:
     """Refuse an existing non-empty directory, or clear it first when ``overwrite`` is given and it
     is a run directory nobody is running in."""

@@ -247,7 +247,8 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
     write_jsonl(run_dir / "sessions.jsonl", [r.start for r in results])
     write_jsonl(run_dir / "outputs" / "hashes.jsonl", [h for r in results for h in r.chunk_hashes])
     write_jsonl(run_dir / "frames.jsonl", [{"session": r.start.session, "frame_sha256": r.frame_sha256} for r in results])
-    events = read_events(run_dir / "events.jsonl")
+    path = run_dir / "events.jsonl"
+    events = read_events(path) if path.exists() else []  # stopped during start-up, before the file was opened
     window = window_for(cfg.video.chunks_per_session)  # a short session keeps the part of the window it has
     summary = msgspec.to_builtins(build_summary(events, [r.start for r in results], window=window))
     summary["status"] = status

@@ -11,12 +11,14 @@ behind (teardown is bounded: ranks get a few seconds, then SIGKILL).
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
 from typing import Callable
 
 _received: list[str] = []
+_held: list[int] = []  # [depth of held() blocks, signum received meanwhile or 0]
 
 
 class Stopped(KeyboardInterrupt):
@@ -39,12 +41,31 @@ def install(on_stop: Callable[[str], None] | None = None) -> bool:
             return
         _received.append(name)
         if on_stop is None:
+            if _held and _held[0]:
+                _held[1] = signum
+                return
             raise Stopped(signum)
         on_stop(f"server shutting down ({name})")
 
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, handler)
     return True
+
+
+@contextlib.contextmanager
+def held():
+    """Raise a stop signal that arrives inside the block only when it ends: a worker whose spawn
+    is cut short reads a truncated start-up message and dies with a traceback of its own."""
+    if not _held:
+        _held.extend([0, 0])
+    _held[0] += 1
+    try:
+        yield
+    finally:
+        _held[0] -= 1
+    if _held[0] == 0 and _held[1]:
+        signum, _held[1] = _held[1], 0
+        raise Stopped(signum)
 
 
 def received() -> str | None:

@@ -43,6 +43,7 @@ from typing import Callable, Sequence
 import msgspec
 
 from harness.errors import HarnessError
+from harness.limits import MAX_JSON_BYTES, read_bounded
 from harness.measure import metrics as M
 from harness.measure import stats as S
 from harness.measure.events import ChunkEvent, SessionStart, read_run
@@ -179,7 +180,7 @@ class RunMeta(msgspec.Struct, frozen=True):
 
 def _read_json(path: Path) -> dict:
     try:
-        return msgspec.json.decode(path.read_bytes())
+        return msgspec.json.decode(read_bounded(path, MAX_JSON_BYTES, "run record"))
     except FileNotFoundError:
         raise HarnessError(f"{path} is missing: not a finished run directory") from None
     except (OSError, msgspec.DecodeError) as e:
@@ -188,7 +189,9 @@ def _read_json(path: Path) -> dict:
 
 def load_meta(run_dir: Path, round_: int, arm: str) -> RunMeta:
     from harness.config import upgrade_recorded
+    from harness.drivers.runstate import refuse_unfinished
 
+    refuse_unfinished(run_dir)  # a summary beside a manifest still saying running is not a finished run
     man = _read_json(run_dir / "manifest.json")
     if isinstance(man.get("config"), dict):  # a manifest from before a config rename reads as today's
         man["config"] = upgrade_recorded(man["config"])

@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness.errors import HarnessError
+from harness.limits import MAX_JSON_BYTES, read_bounded
 
 KINDS: tuple[str, ...] = ("attention", "linear", "conv", "convert")
 ATOL = RTOL = 0.03
@@ -171,9 +172,11 @@ def load_cases(run_dir: str | Path, ops: tuple[str, ...] = KINDS) -> list[Case]:
             continue
         path = cap / rec["file"]
 
-        def load(device, path=path):
+        def load(device, path=path, size=rec.get("bytes")):
             from harness.hooks.capture import load_capture
 
+            if size is not None and path.stat().st_size != size:  # read only what the index says was written
+                raise HarnessError(f"{path} is {path.stat().st_size} bytes, the capture index says {size}")
             tensors, _ = load_capture(path)
             return {k: t.to(device) for k, t in tensors.items()}
 
@@ -808,7 +811,7 @@ def load_h1b(compare_dir: str | Path | None) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for path in files:
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(read_bounded(path, MAX_JSON_BYTES, "compare.json"))
         except (OSError, ValueError):
             continue
         for spec in data.get("candidate", []):

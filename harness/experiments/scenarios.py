@@ -291,6 +291,9 @@ def _stop_with_parent() -> None:
 class ServerProcess:
     """``python -m harness serve --listen 127.0.0.1:0`` as a subprocess, for the scenarios and tests."""
 
+    #: pid of every server this process started: whose ring segments a leak check may call ours
+    started: list[int] = []
+
     def __init__(self, serve_args: list[str], out: Path, extra: list[str] | None = None, start_timeout_s: float = 300.0):
         self.out = Path(out)
         self.argv = [sys.executable, "-m", "harness", "serve", "--listen", "127.0.0.1:0", "--out", str(self.out),
@@ -300,6 +303,7 @@ class ServerProcess:
         self._err = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(self.argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=self._err,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_stop_with_parent)
+        ServerProcess.started.append(self.proc.pid)
         self.stdout_lines: list[str] = []
         deadline = time.monotonic() + start_timeout_s
         self.url = None

@@ -23,6 +23,7 @@ from typing import Iterable
 import msgspec
 
 from harness.errors import HarnessError
+from harness.limits import MAX_JSON_BYTES, read_bounded
 
 
 class Verdict(msgspec.Struct, frozen=True):
@@ -118,7 +119,7 @@ def from_ab_engine(d: dict, source: str) -> Verdict:
 
 def _read_json(f: Path):
     try:
-        return json.loads(f.read_text())
+        return json.loads(read_bounded(f, MAX_JSON_BYTES, "result file"))
     except (OSError, ValueError) as e:
         raise HarnessError(f"{f}: not readable JSON ({type(e).__name__})") from None
 

@@ -59,6 +59,7 @@ from torch.overrides import TorchFunctionMode
 
 from harness.engine import attention as A
 from harness.hooks import context
+from harness.limits import MAX_JSON_BYTES, read_bounded
 
 #: Linear weights up to this size are saved with the input (the tiny preset's all are; the full
 #: model's 5120×5120 bf16 ones, 50 MB each, are not).
@@ -397,7 +398,7 @@ def read_index(run_dir: str | Path) -> list[dict]:
     path = d / "index.jsonl" if (d / "index.jsonl").exists() else d / "capture" / "index.jsonl"
     if not path.exists():
         return []
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    return [json.loads(l) for l in read_bounded(path, MAX_JSON_BYTES, "capture index").splitlines() if l.strip()]
 
 
 def load_capture(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:

@@ -36,6 +36,8 @@ from typing import Literal
 import msgspec
 import numpy as np
 
+from harness.limits import MAX_JSON_BYTES, read_bounded
+
 OUTPUTS_DIR = "outputs"
 HASHES_FILE = "hashes.jsonl"
 SAVED_EPOCHS: tuple[int, ...] = (0, 1)
@@ -167,7 +169,7 @@ def write_hashes(run_dir: str | Path, records: list[HashRecord]) -> None:
 def read_hashes(run_dir: str | Path) -> list[HashRecord]:
     path = Path(run_dir) / OUTPUTS_DIR / HASHES_FILE
     dec = msgspec.json.Decoder(HashRecord)
-    return [dec.decode(line) for line in path.read_bytes().splitlines() if line.strip()]
+    return [dec.decode(line) for line in read_bounded(path, MAX_JSON_BYTES, "hashes file").splitlines() if line.strip()]
 
 
 def list_outputs(run_dir: str | Path) -> list[str]:

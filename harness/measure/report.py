@@ -26,6 +26,7 @@ from typing import Sequence
 import msgspec
 import numpy as np
 
+from harness.limits import MAX_JSON_BYTES, read_bounded
 from harness.measure import figures as F
 from harness.measure import metrics as M
 from harness.measure import stats as S
@@ -95,9 +96,9 @@ def load_view(run_dir: str | Path) -> RunView:
     if not (d / "events.jsonl").is_file():
         raise FileNotFoundError(f"{d} has no events.jsonl: not a run directory")
     events, sessions = read_run(d, tolerate_partial_tail=True)
-    manifest = json.loads((d / "manifest.json").read_text()) if (d / "manifest.json").is_file() else {}
+    manifest = json.loads(read_bounded(d / "manifest.json", MAX_JSON_BYTES, "manifest")) if (d / "manifest.json").is_file() else {}
     if (d / SUMMARY_FILE).is_file():
-        summary = json.loads((d / SUMMARY_FILE).read_text())
+        summary = json.loads(read_bounded(d / SUMMARY_FILE, MAX_JSON_BYTES, "summary"))
     else:
         chunks = manifest.get("config", {}).get("video", {}).get("chunks_per_session")
         window = M.window_for(chunks) if chunks else M.DEFAULT_WINDOW
@@ -616,7 +617,7 @@ def main(args) -> int:
     from harness.errors import HarnessError
 
     try:
-        bench = json.loads(Path(args.bench).read_text()) if args.bench else None
+        bench = json.loads(read_bounded(args.bench, MAX_JSON_BYTES, "bench-engine --json result")) if args.bench else None
         if bench is not None and not {"flops", "peak_bf16_tflops", "peak_tf32_tflops"} <= set(bench):
             raise HarnessError(f"{args.bench} is not a GPU bench-engine --json result (no FLOPs or measured peaks)")
         path = write_report(args.runs, args.out, args.against_production or bench is not None, bench)

@@ -63,7 +63,7 @@ def test_engine_commands_bound_chunks_by_the_position_table(command, capsys):
     assert err.startswith("error: --chunks 400: ") and "position table holds 1024" in err and "\n" not in err
 
 
-def test_websocket_start_is_bounded_by_the_position_table():
+def test_the_position_table_bound_admits_exactly_the_sessions_that_fit():  # over WebSocket: test_server_hostile
     from harness.limits import max_chunks, session_frames_error
 
     cfg = load_preset("tiny")
@@ -82,7 +82,7 @@ def test_a_config_file_must_spell_out_its_shapes(tmp_path):
     with pytest.raises(ConfigError, match=r"\[model\] must set num_layers"):
         load_config(tmp_path / "partial.toml")
     (tmp_path / "novideo.toml").write_text(text.replace("[video]", "[video_]"))
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="video_"):  # an unknown section, before any missing field
         load_config(tmp_path / "novideo.toml")
 
 
@@ -97,3 +97,44 @@ def test_memory_estimate_scales_with_the_model():
     tiny, full = estimate_bytes(load_preset("tiny")), estimate_bytes(load_preset("lingbot-480x832"))
     assert tiny["dit_rank"] < 2**20 < 40 * 2**30 < full["dit_rank"] < 141 * 2**30  # full model fits one H200
 
+
+
+# (module whose bound is lowered, argv, what the line names): files the harness reads besides configs
+BIG_READS = [
+    ("harness.measure.report", ["report", "{run}", "--bench", "{big}"], "not a bench-engine --json result"),
+    ("harness.experiments.verdicts", ["verdicts", "{big}"], "not a result file"),
+]
+
+
+@pytest.mark.parametrize("module, argv, why", BIG_READS, ids=[a[0] for _, a, _ in BIG_READS])
+def test_other_file_reads_are_size_limited(module, argv, why, tmp_path, capsys, monkeypatch):
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module(module), "MAX_JSON_BYTES", 1024)  # rather than write 64 MiB
+    big = tmp_path / "big.json"
+    big.write_text('{"flops": 1, "pad": "' + "x" * 2048 + '"}')
+    assert cli.main([a.format(run=tmp_path / "run", big=big) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {big} is over 1 KiB; {why}", err
+    assert not (tmp_path / "run").exists()
+
+
+def test_capture_reads_are_size_limited(tmp_path, monkeypatch):
+    """Replay reads an index no larger than the bound and a capture file only at the size its index recorded."""
+    import json
+
+    from harness.errors import HarnessError
+    from harness.experiments import replay
+    from harness.hooks import capture
+
+    rec = {"status": "saved", "kind": "attention", "op": "sdpa", "op_id": "a0", "phase": "denoise", "file": "a0.safetensors",
+           "bytes": 10, "tensors": {"q": {"shape": [1], "dtype": "float32"}}}
+    (tmp_path / "index.jsonl").write_text(json.dumps(rec) + "\n")
+    (tmp_path / "a0.safetensors").write_bytes(b"\0" * 11)
+    (case,) = replay.load_cases(tmp_path, ops=("attention",))
+    with pytest.raises(HarnessError, match="a0.safetensors is 11 bytes, the capture index says 10"):
+        case.load("cpu")
+    monkeypatch.setattr(capture, "MAX_JSON_BYTES", 1024)
+    (tmp_path / "index.jsonl").write_text(json.dumps(rec) + "\n" + " " * 1024 + "\n")
+    with pytest.raises(HarnessError, match="index.jsonl is over 1 KiB; not a capture index"):
+        capture.read_index(tmp_path)

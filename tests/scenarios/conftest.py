@@ -1,5 +1,6 @@
 """Leak checks around every scenario test: no worker process (a multiprocessing spawn child, not
-the resource tracker) and no /dev/shm/harness-* segment may outlive the test that created it."""
+the resource tracker) and no /dev/shm/harness-* segment of this process or of a server it started
+may outlive the test that created it."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from harness.drivers.procwatch import alive, descendants, is_worker
+from harness.drivers.runstate import ring_owner
+from harness.experiments.scenarios import ServerProcess
 
 
 def workers() -> set[int]:
@@ -17,14 +20,10 @@ def workers() -> set[int]:
 
 
 def shm() -> set[str]:
-    """Ring segments (``harness-<owner pid>-…``) of this process, or of an owner that is gone: a
-    segment outliving its owner is a leak; a live stranger's (another test run) is not ours."""
-    out = set()
-    for p in Path("/dev/shm").glob("harness-*"):
-        owner = p.name.split("-")[1]
-        if not owner.isdigit() or int(owner) == os.getpid() or not alive(int(owner)):
-            out.add(p.name)
-    return out
+    """Ring segments (``harness-<owner pid>-…``) this process or a server it started created. Only
+    those: another test run on the machine may leave (or deliberately kill) segments of its own."""
+    ours = {os.getpid(), *ServerProcess.started}
+    return {p.name for p in Path("/dev/shm").glob("harness-*") if ring_owner(p.name) in ours}
 
 
 @pytest.fixture(autouse=True)
