@@ -131,6 +131,9 @@ _TABLE: tuple[Figure, ...] = (
            formula="the stage (segments + gap cpu_ready(i−1) → submit(i)) whose excess over its median is largest"),
     Figure(name="slow_first_late", label="first late", keys=("first_late",), unit="—", where="tails.slowest_samples",
            formula="the first boundary, data-flow order, already late by ≥ half the reference excess"),
+    Figure(name="slow_lateness", label="lateness", keys=("lateness",), unit="ms", where="tails.slowest_samples",
+           formula="per boundary B of the slow chunk, B(i) − R(i−1) (R the reference boundary) against its steady "
+                   "median: what first late reads"),
     Figure(name="slow_stage_excess", label="stage excess ms", keys=("excess_ms",), unit="ms", where="tails.slowest_samples",
            formula="a stage's duration on the slow chunk − its median over steady chunks"),
     Figure(name="slow_ms", label="on the slow chunk ms", keys=("ms",), unit="ms", where="tails.slowest_samples",
