@@ -153,10 +153,6 @@ KvPathFn = Callable[..., Tensor]
 KV_PATHS: dict[str, KvPathFn] = {"gather": gather_attention, "paged": paged_attention}
 
 
-def register_kv_path(name: str, fn: KvPathFn) -> None:
-    KV_PATHS[name] = fn
-
-
 def kv_path(name: str) -> KvPathFn:
     try:
         return KV_PATHS[name]

@@ -48,10 +48,6 @@ def _prod(xs: Sequence[int]) -> int:
 # ---- formulas ------------------------------------------------------------------------------
 
 
-def mm_flops(m: int, k: int, n: int) -> int:
-    return 2 * m * k * n
-
-
 def linear_flops(x: Any, weight: Any) -> int:
     """``x @ weight.T`` with x (..., K) and weight (N, K)."""
     xs, ws = shape_of(x), shape_of(weight)

@@ -108,10 +108,6 @@ def p_stat(p: float) -> RowStatistic:
     return lambda rows: _rowwise_nearest_rank(rows, p)
 
 
-def mean_stat(rows: np.ndarray) -> np.ndarray:
-    return np.nanmean(rows, axis=1)
-
-
 def rowwise(fn: Callable[[np.ndarray], float]) -> RowStatistic:
     """Adapt any statistic over a 1-D array of samples (slower: one call per replicate)."""
     return lambda rows: np.array([fn(r[~np.isnan(r)]) for r in rows], dtype=np.float64)
