@@ -62,10 +62,7 @@ def read_manifest(run_dir: Path) -> dict | None:
         return None
 
 
-def run_status(run_dir: Path) -> str:
-    """How the run in ``run_dir`` ended: complete/failed/interrupted, ``running`` (owner alive),
-    ``abandoned`` (says running, owner gone), or ``unknown`` (no readable manifest)."""
-    man = read_manifest(run_dir)
+def _status(man: dict | None) -> str:
     if man is None:
         return "unknown"
     status = man.get("status", "unknown")
@@ -74,12 +71,19 @@ def run_status(run_dir: Path) -> str:
     return status
 
 
+def run_status(run_dir: Path) -> str:
+    """How the run in ``run_dir`` ended: complete/failed/interrupted, ``running`` (owner alive),
+    ``abandoned`` (says running, owner gone), or ``unknown`` (no readable manifest)."""
+    return _status(read_manifest(run_dir))
+
+
 def refuse_unfinished(run_dir: str | Path, allow_running: bool = False) -> None:
     """One line instead of reading a run that never ended (``abandoned``) as if it were valid;
     a live one too unless ``allow_running`` (a report of a run in progress)."""
-    status = run_status(Path(run_dir))
+    man = read_manifest(Path(run_dir))
+    status = _status(man)
     if status == "abandoned":
-        pid = (read_manifest(Path(run_dir)) or {}).get("owner", {}).get("pid", "?")
+        pid = man.get("owner", {}).get("pid", "?")
         raise HarnessError(f"{run_dir} is an abandoned run: its manifest says running but its owner (pid {pid}) "
                            "is gone, so its files cover an unknown part of the run")
     if status == "running" and not allow_running:
@@ -95,14 +99,15 @@ def claim_out(path: Path, overwrite: bool) -> None:
         raise HarnessError(f"--out {path} exists and is not a directory")
     if not any(path.iterdir()):
         return
-    status = run_status(path)
+    man = read_manifest(path)
+    status = _status(man)
     if not overwrite:
         raise HarnessError(f"--out {path} already holds files (a run that is {status}); choose a new directory "
                            "or pass --overwrite to clear it first")
     if status == "unknown":
         raise HarnessError(f"--out {path} is not a run directory (no manifest.json); --overwrite clears only run directories")
     if status == "running":
-        raise HarnessError(f"--out {path} is in use by a running run (pid {read_manifest(path)['owner']['pid']})")
+        raise HarnessError(f"--out {path} is in use by a running run (pid {man['owner']['pid']})")
     for child in path.iterdir():
         if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child)
