@@ -13,8 +13,9 @@ patches applied for its sessions and reverted after, by the same ``engine_ab.Eng
 Round r runs one session of the baseline (A) and of every arm, all with seed r, in an order
 rotated by r (a slow drift of the machine weighs on every arm alike). Each arm is then judged
 with ``ab-engine``'s own functions: the threshold/exact gate over every chunk against the same
-round's A session, and the ratio of medians of the steady chunks with its interval and the A/A
-floor (``engine_ab.judge``). ``--kernels`` adds one chunk to each arm's last session, profiled for
+round's A session, then the ratio of medians of the steady chunks (``engine_ab.judge_gated``).
+A run is one launch, so the ratio's interval is the within-launch one and the verdict reads "no
+verdict: one launch": ab-arms screens arms, ``ab-engine --launches N`` judges them. ``--kernels`` adds one chunk to each arm's last session, profiled for
 a per-kernel breakdown and left out of the times and the gate.
 """
 
@@ -34,7 +35,7 @@ from harness.errors import HarnessError
 from harness.experiments.bench_engine import (count_steady_flops, dit_engine_for, measure_peak_tflops,
                                               steady_chunk_index, timed_session)
 from harness.experiments.compare import gate_kind
-from harness.experiments.engine_ab import (EngineArm, engine_switches, gate_pairs, judge, latent_bytes,
+from harness.experiments.engine_ab import (EngineArm, engine_switches, judge_gated, latent_bytes,
                                            session_actions)
 from harness.measure import stats as S
 from harness.measure.production import mfu
@@ -120,10 +121,8 @@ def _profiler(chunks: int):
 def _judge_arm(cfg: HarnessConfig, specs: list[str], lat_a, lat_b, times_a, times_b, steady: int, shape) -> dict:
     """``ab-engine``'s judgement of one arm against the baseline: its gate, then (passed) the ratio."""
     kind = gate_kind([c.gate for c, _ in C.resolve(specs, cfg)])
-    gate = gate_pairs(kind, lat_a, lat_b, shape)
-    if not gate["passed"]:
-        return {"gate": gate, "verdict": "no verdict", "reason": f"{kind} gate failed: {', '.join(gate['failed'][:3])}"}
-    return {"gate": gate, **judge([{"A": times_a, "B": times_b}], steady, True)}  # one launch: no verdict
+    # one launch: judged, but never a verdict
+    return judge_gated(kind, lat_a, lat_b, shape, [{"A": times_a, "B": times_b}], steady)
 
 
 def add_rates(out: dict, cfg: HarnessConfig, device: torch.device) -> None:
