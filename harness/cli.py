@@ -92,13 +92,11 @@ def resolve_config(args: argparse.Namespace):
         },
     )
     from harness.candidates.explicit import refuse_rewrites
+    from harness.engine import backends
 
+    backends.check(cfg)  # e.g. the install command, before anything else happens
     specs = dict.fromkeys([*getattr(args, "candidate", []), *getattr(args, "baseline", [])])  # compare names repeats itself
-    refuse_rewrites(list(specs), cfg, explicit_fields(args))
-    if cfg.engine.backend != "reference":
-        from harness.engine import backends
-
-        backends.check(cfg, getattr(args, "candidate", ()))  # e.g. the install command, before anything else happens
+    refuse_rewrites(list(specs), cfg, explicit_fields(args))  # resolves every candidate against the config
     return cfg
 
 

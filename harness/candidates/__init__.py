@@ -54,6 +54,12 @@ class Candidate:
     arg_needs: dict[str, tuple[str, ...]] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
 
+    @property
+    def touches_reference_dit(self) -> bool:
+        """An engine candidate that touches neither the VAE nor the output path works on the
+        reference DiT (H1a/H1b switch its attention paths, H2a and H6x patch its modules)."""
+        return self.changes == "engine" and self.patch_vae is None and self.patch_output is None
+
 
 def split_id(spec: str) -> tuple[str, str]:
     cid, _, arg = spec.partition(":")
@@ -109,6 +115,9 @@ def resolve(specs: tuple[str, ...] | list[str], cfg: HarnessConfig) -> list[tupl
             if not _available(need, cfg.runtime.device):
                 what = f"{cid}:{arg}" if arg in c.arg_needs else cid
                 raise HarnessError(f"candidate {what} ({c.name}) needs {need}; this run is on {cfg.runtime.device}")
+        if cfg.engine.backend != "reference" and c.touches_reference_dit:
+            raise HarnessError(f"candidate {cid} ({c.name}) patches the reference DiT engine; it does not apply to "
+                               f"--engine {cfg.engine.backend}")
         chosen[cid] = (c, arg)
     for cid, (c, _) in chosen.items():
         for other in c.conflicts:

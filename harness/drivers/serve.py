@@ -86,10 +86,10 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
 
     from harness.hooks import parse_hooks
 
-    cfg = configure(opts.candidates, cfg)  # refuses unknown/conflicting/inapplicable ids before anything starts
     from harness.engine import backends
 
-    backends.check(cfg, opts.candidates)  # e.g. --engine vllm-omni without the extra: the install command, now
+    backends.check(cfg)  # e.g. --engine vllm-omni without the extra: the install command, now
+    cfg = configure(opts.candidates, cfg)  # refuses unknown/conflicting/inapplicable ids before anything starts
     from harness.workers.encoder_worker import check_sink_spec
 
     check_sink_spec(cfg.runtime.sink)  # a bad sink fails here, not as a dead encoder after launch

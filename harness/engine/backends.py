@@ -22,24 +22,18 @@ DIT_BACKENDS = {
 }
 
 
-def check(cfg: HarnessConfig, candidates: tuple[str, ...] | list[str] = ()) -> None:
-    """Refuse, with one line, a backend that cannot run this config: a missing or unsupported
-    vllm extra (with the install command), or a candidate that patches the reference DiT."""
+def check(cfg: HarnessConfig) -> None:
+    """Refuse, with one line, a backend that cannot run here: an unknown name, or a missing or
+    unsupported vllm extra (with the install command). Candidates that patch the reference DiT
+    are refused where every candidate is checked (``candidates.resolve``)."""
     backend = cfg.engine.backend
     if backend not in DIT_BACKENDS:
         raise HarnessError(f"unknown engine backend {backend!r} (known: {', '.join(DIT_BACKENDS)})")
     if backend == "reference":
         return
-    from harness.candidates import get, split_id
     from harness.engine.omni import compat
 
     compat.check_installed()
-    for spec in candidates:
-        c = get(split_id(spec)[0])
-        # an engine candidate that touches neither the VAE nor the output path is a DiT one
-        # (H1a/H1b switch the reference DiT's attention paths, H2a patches its camera injection)
-        if c.changes == "engine" and c.patch_vae is None and c.patch_output is None:
-            raise HarnessError(f"candidate {c.id} ({c.name}) patches the reference DiT engine; it does not apply to --engine {backend}")
 
 
 def describe(cfg: HarnessConfig) -> dict:
