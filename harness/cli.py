@@ -321,6 +321,8 @@ def _add_ab_arms_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"])
     p.add_argument("--mode", choices=["eager", "compiled", "deterministic"])
     p.add_argument("--rounds", type=int, default=4, help="one session of the baseline and of every arm per round (default 4)")
+    p.add_argument("--launches", type=int, default=1, help="fresh processes, each running every round; ≥ 2 gives "
+                   "each arm a verdict over launches (default 1: a screen, no verdict)")
     p.add_argument("--chunks", type=int, help="chunks per session (default: the preset's session length)")
     p.add_argument("--kernels", action="store_true", help="per-kernel breakdown of one extra, untimed steady chunk per arm (GPU)")
     add_set_option(p)

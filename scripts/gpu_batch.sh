@@ -12,6 +12,7 @@
 #   SCRATCH (where run directories go; default /tmp/harness-gpu), STEP_TIMEOUT (seconds per step, 420),
 #   REPLAY_SP / REPLAY_KV (replay: SP degrees and K lengths), REPLAY_BACKENDS (replayfa3),
 #   ARMS (arms: space-separated NAME=ID[+ID…], each A/B'd against one shared baseline in one engine;
+#   LAUNCHES: fresh processes, ≥ 2 for a verdict per arm;
 #   with ROUNDS / CHUNKS), CAND (benchcand: '+'-joined candidates; DiT only, with a kernel breakdown).
 # One-GPU steps can run side by side on a multi-GPU host, each with its own GPU and scratch folder:
 #   CUDA_VISIBLE_DEVICES=1 SCRATCH=/tmp/g1 scripts/gpu_batch.sh OUT/g1 STEP…
@@ -66,7 +67,7 @@ for s in $STEPS; do
     replay)   step replay-480 python3 -m harness replay --synthetic lingbot-480x832 --device cuda --sp "${REPLAY_SP:-1,2}" --kv "${REPLAY_KV:-4680,14040,28080}" --repeats 10 --warmup 2 --out "$SCRATCH/replay-480" ;;
     fa3tests) step fa3-tests python3 -m pytest -q -s -p no:cacheprovider tests/engine/test_fa3_cuda.py ;;
     arms)     need ARMS && step ab-arms-$RES $H ab-arms --preset lingbot-$RES --device cuda --mode "${MODE:-compiled}" \
-                $(for a in $ARMS; do printf -- '--arm %s ' "$a"; done) --rounds "${ROUNDS:-4}" --chunks "${CHUNKS:-7}" --kernels --json "$SCRATCH/ab-arms-$RES.json" ;;
+                $(for a in $ARMS; do printf -- '--arm %s ' "$a"; done) --rounds "${ROUNDS:-4}" --launches "${LAUNCHES:-1}" --chunks "${CHUNKS:-7}" --kernels --json "$SCRATCH/ab-arms-$RES.json" ;;
     replayfa3) step replay-fa3 python3 -m harness replay --synthetic lingbot-$RES --device cuda --sp 1 --kv "${REPLAY_KV:-28080}" \
                 --backends "${REPLAY_BACKENDS:-sdpa-cudnn,fa3,fa3-fp8,fa3-fp8-smooth,emu-fp8-v,emu-fp8-qk,emu-fp8-p,emu-fp8-qkvp,emu-fp8-v-smooth,emu-fp8-qkvp-smooth}" \
                 --repeats 10 --warmup 2 --out "$SCRATCH/replay-fa3" ;;
