@@ -53,10 +53,10 @@ for s in $STEPS; do
     report)   step report $H report $(ls -d "$SCRATCH"/serve-*/ 2>/dev/null) --out "$SCRATCH/report" ;;
     gate)     need GATE_A GATE_B && step "gate-$GATE_A-vs-$GATE_B" $H gate "$SCRATCH/$GATE_A" "$SCRATCH/$GATE_B" ${GATE_EXACT:+--exact} --json "$SCRATCH/gate-$GATE_A-vs-$GATE_B.json" ;;
     gputests) step gpu-tests python3 -m pytest -q -p no:cacheprovider tests/candidates/test_h4a_fused_output.py tests/candidates/test_h4b_pinned_d2h.py tests/hooks/test_hooks_cuda.py tests/engine/test_dit_cuda_nosync.py ;;
-    h4)       step h4-output python3 -m harness.experiments.gpu_checks output --json "$SCRATCH/h4-output.json" ;;
-    dit)      step dit-compiled python3 -m harness.experiments.gpu_checks dit --variants "${VARIANTS:-engine}" --json "$SCRATCH/dit-compiled.json" ;;
-    det)      step determinism python3 -m harness.experiments.gpu_checks determinism --json "$SCRATCH/determinism.json" ;;
-    colocate) step colocate-${MODE:-compiled} python3 -m harness.experiments.gpu_checks colocate --mode "${MODE:-compiled}" --json "$SCRATCH/colocate-${MODE:-compiled}.json" ;;
+    h4)       step h4-output python3 -m harness gpu-checks output --json "$SCRATCH/h4-output.json" ;;
+    dit)      step dit-compiled python3 -m harness gpu-checks dit --variants "${VARIANTS:-engine}" --json "$SCRATCH/dit-compiled.json" ;;
+    det)      step determinism python3 -m harness gpu-checks determinism --json "$SCRATCH/determinism.json" ;;
+    colocate) step colocate-${MODE:-compiled} python3 -m harness gpu-checks colocate --mode "${MODE:-compiled}" --json "$SCRATCH/colocate-${MODE:-compiled}.json" ;;
     # MPS lets the DiT's and the VAE's processes run kernels at once instead of time-slicing; the
     # daemon lives under /tmp (the path serve's manifest checks) and is stopped by mps-off.
     mps-on)   export CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps CUDA_MPS_LOG_DIRECTORY=/tmp/nvidia-mps-log

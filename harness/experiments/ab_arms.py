@@ -32,14 +32,14 @@ import torch
 
 from harness import candidates as C
 from harness.config import HarnessConfig, override
+from harness.drivers.options import base_config
 from harness.engine.attention import check_backend
 from harness.engine.groups import RankGroup, run_ranks
 from harness.errors import HarnessError
-from harness.experiments.bench_engine import (count_steady_flops, dit_engine_for, measure_peak_tflops,
-                                              steady_chunk_index, timed_session)
+from harness.experiments.bench_engine import count_steady_flops, dit_engine_for, measure_peak_tflops, steady_chunk_index, timed_session
 from harness.experiments.compare import gate_kind
-from harness.experiments.engine_ab import (EngineArm, engine_switches, judge_gated, latent_bytes,
-                                           session_actions)
+from harness.experiments.engine_ab import EngineArm, engine_switches, judge_gated, latent_bytes, session_actions
+from harness.experiments.kernel_profile import ProfileChunk
 from harness.measure import stats as S
 from harness.measure.production import mfu
 
@@ -135,8 +135,6 @@ def _launch(group: RankGroup, cfg: HarnessConfig, arms: dict[str, list[str]], sw
 
 def _profiler(chunks: int):
     """A per-kernel profile of one extra chunk past the timed ones (dropped from times and gate)."""
-    from harness.experiments.kernel_profile import ProfileChunk
-
     return ProfileChunk(skip=chunks)
 
 
@@ -187,8 +185,6 @@ def _print(out: dict) -> None:
 
 def main(args) -> int:
     """``python -m harness ab-arms``: every option checked, every arm resolved, before the engine is built."""
-    from harness.cli import base_config
-
     arms = parse_arms(args.arm)
     if args.rounds < 1 or (args.chunks is not None and args.chunks < 1):
         raise HarnessError("--rounds and --chunks must be ≥ 1")
