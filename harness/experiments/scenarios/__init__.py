@@ -17,8 +17,8 @@ in order" and "the next session is unaffected" are judged.
 One module per idea, arrows pointing down the list:
 
 * ``command`` — the command: checks the arguments, runs the scenario over the chosen way in;
-* one module per scenario: ``slow_consumer``, ``cancel`` (its points in ``cancel_points``),
-  ``crash``, ``bad_input`` (command lines, engine, VAE) and ``bad_input_ws`` (messages);
+* one module per scenario: ``slow_consumer``, ``cancel`` (its points in ``points``),
+  ``crash``, ``bad_input`` (command lines, engine, VAE) and ``bad_messages`` (over websocket);
 * ``topology`` — the in-process way in (a launched topology that runs submitted jobs, leak
   checks, the scenarios' clock); ``server_process`` — the websocket way in (``serve --listen``
   as a subprocess);
@@ -36,14 +36,15 @@ from harness.experiments.scenarios.params import Params
 from harness.experiments.scenarios.report import Report
 from harness.experiments.scenarios.server_process import REPO_ROOT, ServerProcess
 
-#: the scenarios themselves, by the module that defines them: loaded on first use (see ``main``)
+#: the scenarios themselves, by the module that defines them: loaded on first use (see ``main``).
+#: No module may be named like a name it defines: once imported, the submodule would shadow it here.
 _LAZY = {
     "Topology": "topology", "leak_checks": "topology",
     "slow_consumer_inprocess": "slow_consumer", "slow_consumer_ws": "slow_consumer",
     "cancel_inprocess": "cancel", "cancel_ws": "cancel", "ended_of": "cancel",
-    "cancel_points": "cancel_points", "ws_cancel_points": "cancel_points",
+    "cancel_points": "points", "ws_cancel_points": "points",
     "crash_inprocess": "crash", "crash_ws": "crash",
-    "bad_input_inprocess": "bad_input", "bad_input_ws": "bad_input_ws",
+    "bad_input_inprocess": "bad_input", "bad_input_ws": "bad_messages",
 }
 
 __all__ = ["SCENARIOS", "REPO_ROOT", "Params", "Report", "ServerProcess", "add_scenario_arguments", "main",

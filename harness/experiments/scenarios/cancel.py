@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.drivers.driver import SessionControl
-from harness.experiments.scenarios.cancel_points import CancelPoint, Trigger, WsCancelPoint, cancel_points, where, ws_cancel_points
 from harness.experiments.scenarios.figures import MS, decoded_hashes
 from harness.experiments.scenarios.params import Params
+from harness.experiments.scenarios.points import CancelPoint, Trigger, WsCancelPoint, cancel_points, where, ws_cancel_points
 from harness.experiments.scenarios.report import Report
 from harness.experiments.scenarios.server_process import ServerProcess
 from harness.experiments.scenarios.topology import Bench, prompt_for

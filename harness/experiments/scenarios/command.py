@@ -12,12 +12,12 @@ from pathlib import Path
 from harness.drivers.options import resolve_config
 from harness.errors import HarnessError
 from harness.experiments.scenarios.bad_input import bad_input_inprocess
-from harness.experiments.scenarios.bad_input_ws import bad_input_ws
+from harness.experiments.scenarios.bad_messages import bad_input_ws
 from harness.experiments.scenarios.cancel import cancel_inprocess, cancel_ws
-from harness.experiments.scenarios.cancel_points import cancel_points, ws_cancel_points
 from harness.experiments.scenarios.crash import crash_inprocess, crash_ws
 from harness.experiments.scenarios.figures import MS
 from harness.experiments.scenarios.params import Params, params_from
+from harness.experiments.scenarios.points import cancel_points, ws_cancel_points
 from harness.experiments.scenarios.report import Report
 from harness.experiments.scenarios.server_process import REPO_ROOT, ServerProcess, check_stopped_cleanly, serve_argv
 from harness.experiments.scenarios.slow_consumer import slow_consumer_inprocess, slow_consumer_ws
