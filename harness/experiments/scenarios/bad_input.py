@@ -24,11 +24,10 @@ import torch
 
 from harness.config import override
 from harness.drivers.launcher import RankFailed
-from harness.drivers.options import add_serve_options
 from harness.engine.conditions import SessionConditions
 from harness.engine.dit_engine import DitEngine
 from harness.engine.groups import RankGroup
-from harness.errors import EXIT_FAIL, EXIT_USAGE, HarnessError, RunFailed
+from harness.errors import HarnessError, report
 from harness.experiments.protocols import main as serve_main
 from harness.experiments.scenarios.params import Params
 from harness.experiments.scenarios.report import Findings, Report
@@ -36,7 +35,7 @@ from harness.experiments.scenarios.server_process import REPO_ROOT
 from harness.experiments.scenarios.topology import serve_watched
 from harness.pipeline import messages as M
 from harness.serving.client import main as client_main
-from harness.serving.options import add_client_arguments, add_listen_options
+from harness.serving.options import add_client_arguments, add_serve_command
 
 
 @dataclass
@@ -110,15 +109,8 @@ def _run_cli(case: CliCase) -> tuple[int, str, float]:
     return p.returncode, p.stderr, time.monotonic() - t
 
 
-def _serve_options(p: argparse.ArgumentParser) -> None:
-    add_serve_options(p)
-    add_listen_options(p)
-    # serve's own --protocol and --overwrite, which no case gives: their defaults
-    p.set_defaults(protocol="timing", overwrite=False)
-
-
 #: the commands the cases run: their options and their main
-_COMMANDS = {"serve": (_serve_options, serve_main), "client": (add_client_arguments, client_main)}
+_COMMANDS = {"serve": (add_serve_command, serve_main), "client": (add_client_arguments, client_main)}
 
 
 def _command_here(argv: list[str]) -> int:
@@ -131,9 +123,7 @@ def _command_here(argv: list[str]) -> int:
     try:
         return int(run(args) or 0)
     except HarnessError as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"error: {msg}", file=sys.stderr)
-        return EXIT_FAIL if isinstance(e, RunFailed) else EXIT_USAGE
+        return report(e)
 
 
 def _run_here(case: CliCase) -> tuple[int, str, float]:
