@@ -9,6 +9,7 @@ Selection rules shared by every figure here:
   a different tail and would bias the steady figures.
 - A sample needing a boundary that was not recorded is skipped and counted
   (``skipped_missing``); nothing is interpolated.
+- Stage names and the intervals they denote are ``measure.stages``.
 - Delivery interval at boundary B for chunk i: B(i) − B(i−1) within a session. The steady window
   (default chunks 5–8) selects intervals by the index of their *later* chunk, so the default gives
   4 intervals per session (5−4 … 8−7), and chunk-level figures (stage durations, GPU time) by the
@@ -23,24 +24,13 @@ import msgspec
 import numpy as np
 
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart
+from harness.measure.stages import HANDOFF, STAGE_NAMES, STAGES
 
 SessionKey = tuple[int, int]  # (session, epoch)
 
-#: Every hop between consecutive boundaries, named; together they tile submit → delivered.
-SEGMENTS: tuple[tuple[str, str, str], ...] = (
-    ("dit_queue", "submit", "dit_start"),
-    ("dit", "dit_start", "dit_end"),
-    ("latent_ipc", "dit_end", "latent_ready"),
-    ("decode_wait", "latent_ready", "decode_submit"),
-    ("decode_queue", "decode_submit", "decode_start"),
-    ("decode", "decode_start", "decode_end"),
-    ("convert", "decode_end", "gpu_ready"),
-    ("d2h", "gpu_ready", "cpu_ready"),
-    ("ipc", "cpu_ready", "received"),
-    ("encode", "received", "encoded"),
-    ("sink", "encoded", "delivered"),
-)
-SEGMENT_NAMES: tuple[str, ...] = tuple(s[0] for s in SEGMENTS)
+#: ``measure.stages``' table under its earlier names here (tests and older callers import them).
+SEGMENTS = STAGES
+SEGMENT_NAMES = STAGE_NAMES
 
 
 class Window(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -336,7 +326,7 @@ def handoffs(
     window: Window = DEFAULT_WINDOW,
     sessions: Sequence[SessionStart] = (),
 ) -> Selection:
-    """cpu_ready(i−1) → dit_start(i) for steady i. Negative under Case E (DiT i started before
+    """``stages.HANDOFF``, cpu_ready(i−1) → dit_start(i), for steady i. Negative under Case E (DiT i started before
     frames of i−1 were ready) — kept, because that overlap is the point of Case E."""
     table = session_table(events)
     keys, n_cancelled = _measured(table, sessions, window)
@@ -345,13 +335,13 @@ def handoffs(
         chunks = table.get(k, {})
         for i in window.chunks:
             cur, prev = chunks.get(i), chunks.get(i - 1)
-            t1 = cur.dit_start if cur is not None else None
-            t0 = prev.cpu_ready if prev is not None else None
+            t1 = cur.at(HANDOFF.end) if cur is not None else None
+            t0 = prev.at(HANDOFF.start) if prev is not None else None
             if t1 is None or t0 is None:
                 missing += 1
             else:
                 samples.append(Sample(k[0], k[1], i, int(t1 - t0)))
-    return Selection("handoff", tuple(samples), len(keys) * len(window.chunks), missing, 0, n_cancelled)
+    return Selection(HANDOFF.name, tuple(samples), len(keys) * len(window.chunks), missing, 0, n_cancelled)
 
 
 #: Spans of a chunk during which some GPU works for it: the DiT, and decode → uint8 → D2H.
@@ -397,7 +387,7 @@ def all_gpu_idle(
 def stage_durations(event: ChunkEvent) -> dict[str, int]:
     """Duration of every segment whose two boundaries this chunk recorded."""
     out = {}
-    for name, a, b in SEGMENTS:
+    for name, a, b in STAGES:
         ta, tb = event.at(a), event.at(b)
         if ta is not None and tb is not None:
             out[name] = tb - ta
@@ -411,8 +401,8 @@ def steady_stages(
 ) -> dict[str, Selection]:
     """Per segment, its duration on every steady chunk that recorded both ends."""
     chunks, expected, n_cancelled = steady_chunks(events, sessions, window)
-    samples: dict[str, list[Sample]] = {name: [] for name in SEGMENT_NAMES}
-    negative = dict.fromkeys(SEGMENT_NAMES, 0)
+    samples: dict[str, list[Sample]] = {name: [] for name in STAGE_NAMES}
+    negative = dict.fromkeys(STAGE_NAMES, 0)
     for e in chunks:
         for name, d in stage_durations(e).items():
             if d < 0:

@@ -3,8 +3,8 @@
 Plots (matplotlib, Agg backend: headless, no display needed):
 
 - ``intervals_hist.png`` / ``intervals_cdf.png``: steady delivery intervals per boundary, runs overlaid.
-- ``stages_per_chunk.png``: per chunk index, the nearest-rank P50 of every segment of
-  ``metrics.SEGMENTS`` over the measured sessions, stacked; one panel per run (Case D vs Case E).
+- ``stages_per_chunk.png``: per chunk index, the nearest-rank P50 of every stage of
+  ``measure.stages`` over the measured sessions, stacked; one panel per run (Case D vs Case E).
 - ``timeline.png``: one measured session as a Gantt chart, one lane per process of the run (the
   driver, every DiT and VAE rank, the encoder, the sink or client); one panel per run.
 - ``ttfc.png``: TTFC per boundary (nearest-rank P50 — the report's table — with min–max
@@ -32,6 +32,7 @@ from harness.measure import metrics as M
 from harness.measure import stats as S
 from harness.measure import tails as T
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, read_run
+from harness.measure.stages import INTERVALS, STAGE_NAMES, STAGES
 from harness.measure.summary import SUMMARY_FILE, build_summary, dist
 
 PLOT_BOUNDARIES: tuple[str, ...] = ("cpu_ready", "encoded", "delivered")
@@ -175,13 +176,12 @@ def timeline_bars(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart]
     if start is None:
         firsts = [t for e in chunks.values() for t in e.present().values()]
         start = min(firsts) if firsts else 0
-    seg = {name: (a, b) for name, a, b in M.SEGMENTS}
     out = []
     for c in sorted(chunks):
         e = chunks[c]
         for lane, stages, lockstep in lanes_of(manifest or {}):
             for st in stages:
-                a, b = e.at(seg[st][0]), e.at(seg[st][1])
+                a, b = e.at(INTERVALS[st][0]), e.at(INTERVALS[st][1])
                 if a is not None and b is not None and b >= a:
                     out.append(Bar(lane, st, c, (a - start) / 1e6, (b - a) / 1e6, lockstep))
     return out
@@ -206,7 +206,7 @@ def slowest_stages(long_tail: dict) -> tuple[list[str], list[tuple[str, dict[str
     the first row is the median chunk, then the slowest samples, slowest first."""
     ref = long_tail["reference"]
     upto = BOUNDARIES.index(ref)
-    stages = ["gap"] + [n for n, _, end in M.SEGMENTS if BOUNDARIES.index(end) <= upto]
+    stages = ["gap"] + [n for n, _, end in STAGES if BOUNDARIES.index(end) <= upto]
     slow = long_tail.get("slowest") or []
     if not slow:
         return stages, []
@@ -236,7 +236,7 @@ def _stage_colors() -> dict[str, tuple]:
     import matplotlib
 
     cmap = matplotlib.colormaps["tab20"]
-    return {name: cmap(i % 20) for i, name in enumerate(M.SEGMENT_NAMES)}
+    return {name: cmap(i % 20) for i, name in enumerate(STAGE_NAMES)}
 
 
 def _empty(ax, text: str = "no samples") -> None:
@@ -329,7 +329,7 @@ def plot_stages(views: Sequence[RunView], labels: Sequence[str], path: Path) -> 
             _empty(ax)
         chunks = list(table)
         bottom = np.zeros(len(chunks))
-        for name in M.SEGMENT_NAMES:
+        for name in STAGE_NAMES:
             h = np.array([table[c].get(name, 0.0) for c in chunks])
             if h.any():
                 ax.bar(chunks, h, bottom=bottom, color=colors[name], label=name, width=0.8)
@@ -339,7 +339,7 @@ def plot_stages(views: Sequence[RunView], labels: Sequence[str], path: Path) -> 
         ax.set_ylabel("ms, stacked (submit → delivered)")
         if chunks:
             ax.set_xticks(chunks)
-    _legend_outside(list(axes[0]), M.SEGMENT_NAMES)
+    _legend_outside(list(axes[0]), STAGE_NAMES)
     return _save(fig, path, values)
 
 
@@ -431,7 +431,7 @@ def plot_slowest(views: Sequence[RunView], labels: Sequence[str], path: Path) ->
         ax.set_title(f"{l}: slowest steady intervals @ {lt['reference']}, slowest first\n"
                      f"chunk i's stages from gap (cpu_ready(i−1) → submit(i)) up to {lt['reference']}, stacked; "
                      "◆ = the interval (stacks exceed it where stages overlap, Case E)", fontsize=9)
-    _legend_outside(list(axes[:, 0]), ["gap", *M.SEGMENT_NAMES, "interval"])
+    _legend_outside(list(axes[:, 0]), ["gap", *STAGE_NAMES, "interval"])
     return _save(fig, path, values)
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from harness.measure import metrics as M
 from harness.measure import stats as S
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, read_run, validate_events
+from harness.measure.stages import STAGES
 
 #: 2: the headline gained fps_median (FPS P50 per interval) beside fps_steady
 SCHEMA = 2
@@ -204,7 +205,7 @@ def stage_summaries(stages: dict[str, M.Selection], interval_mean_ms: float | No
     dists = {name: dist(sel.ns()) for name, sel in stages.items()}
     shares = M.stage_shares({n: d.mean_ms for n, d in dists.items() if d.n})
     out = {}
-    for name, start, end in M.SEGMENTS:
+    for name, start, end in STAGES:
         d = dists[name]
         of_interval = d.mean_ms / interval_mean_ms if d.n and interval_mean_ms else None
         out[name] = StageSummary(start, end, d, stages[name].skipped_missing, shares.get(name), of_interval)
