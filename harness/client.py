@@ -34,8 +34,7 @@ from harness.errors import HarnessError
 from harness.pipeline import wsproto as W
 
 
-def now() -> int:
-    return time.monotonic_ns()
+from harness.measure.clock import now  # one clock for every timestamp
 
 
 class PlayStats(msgspec.Struct, frozen=True):

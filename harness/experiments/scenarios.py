@@ -40,8 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 MS = 1_000_000
 
 
-def now() -> int:
-    return time.monotonic_ns()
+from harness.measure.clock import now  # noqa: E402  (one clock for every timestamp)
 
 
 def prompt_for(seed: int) -> str:

@@ -44,8 +44,7 @@ PATH = "/session"
 HEALTH_PATH = "/healthz"
 
 
-def now() -> int:
-    return time.monotonic_ns()
+from harness.measure.clock import now  # noqa: E402  (one clock for every timestamp)
 
 
 @dataclass

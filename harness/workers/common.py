@@ -131,10 +131,6 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def now() -> int:
-    return time.monotonic_ns()
-
-
 def maybe_fault(spec: WorkerSpec, chunk: int) -> None:
     """Scenario hook: die abruptly (as a crashed rank would) when told to, at a given chunk."""
     if spec.fault.startswith("die-at-chunk:") and chunk == int(spec.fault.split(":", 1)[1]):

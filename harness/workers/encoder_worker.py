@@ -15,8 +15,9 @@ import msgspec
 import numpy as np
 
 from harness.hooks import context as hctx
+from harness.measure.clock import now
 from harness.pipeline import messages as M
-from harness.workers.common import WorkerSpec, now, process_setup, reported_errors
+from harness.workers.common import WorkerSpec, process_setup, reported_errors
 
 
 def main(spec: WorkerSpec, conn) -> None:

@@ -12,9 +12,10 @@ import torch
 
 from harness.hooks import activate
 from harness.hooks import context as hctx
+from harness.measure.clock import now
 from harness.pipeline import messages as M
 from harness.workers.common import (
-    GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, now, process_setup,
+    GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, process_setup,
     reported_errors, shutdown_groups, synchronize, write_hook_report,
 )
 
