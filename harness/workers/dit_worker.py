@@ -31,14 +31,14 @@ def main(spec: WorkerSpec, conn) -> None:
 
 
 def _serve(spec: WorkerSpec, conn) -> None:
-    from harness.candidates import apply_candidates
+    from harness.candidates import EnginePatches
     from harness.engine.backends import build_dit_engine
 
     group = init_groups(spec)
     device = torch.device(spec.device)
     cfg = spec.cfg
     engine = build_dit_engine(cfg, group=group, device=device, seed=cfg.runtime.seed)
-    applied = apply_candidates(spec.candidates, dit=engine)
+    applied = EnginePatches(spec.candidates).apply(dit=engine)
     lead = spec.rank == 0
     timer = GpuTimer(device)
     M.send(conn, M.Ready(role="dit", rank=spec.rank, device=str(device), device_name=device_name(device),

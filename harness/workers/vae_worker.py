@@ -64,7 +64,7 @@ class OutputPath:
 
 
 def _serve(spec: WorkerSpec, conn, ring) -> None:
-    from harness.candidates import apply_candidates
+    from harness.candidates import EnginePatches
     from harness.engine.vae_engine import VaeEngine
 
     group = init_groups(spec)
@@ -72,7 +72,7 @@ def _serve(spec: WorkerSpec, conn, ring) -> None:
     cfg = spec.cfg
     engine = VaeEngine(cfg, group=group, device=device, seed=cfg.runtime.seed)
     out = OutputPath(device)
-    applied = apply_candidates(spec.candidates, vae=engine, output=out)
+    applied = EnginePatches(spec.candidates).apply(vae=engine, output=out)
     lead = spec.rank == 0
     timer = GpuTimer(device)
     M.send(conn, M.Ready(role="vae", rank=spec.rank, device=str(device), device_name=device_name(device),
