@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Iterable, NamedTuple, Sequence
 
+from harness.hooks.spec import path_bytes
 from harness.measure.events import read_events
 from harness.measure.stages import HANDOFF as HANDOFF_STAGE
 from harness.measure.stages import INTERVALS
@@ -196,6 +197,13 @@ def build_trace(
         "displayTimeUnit": "ms",
         "otherData": {"generator": "harness.hooks.trace", "t0_ns": t0, "chunks": len(table)},
     }
+
+
+def trace_report(path: Path, n_events: int, build_ns: int) -> dict[str, Any]:
+    """The driver's hook report (``spec.DRIVER_REPORT``): the trace it built after the run."""
+    return {"requested": ["trace"], "label": "driver",
+            "trace": {"file": path.name, "chunks": n_events, "build_ms": build_ns / 1e6},
+            "files": {path.name: path_bytes(path)}, "overhead_ms": {"trace_after_run": build_ns / 1e6}}
 
 
 def write_trace(events: Iterable[Any], path: str | Path, processes: Mapping[str, str] | None = None, **kw: Any) -> dict[str, Any]:

@@ -23,12 +23,17 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+import matplotlib
+import matplotlib.pyplot as plt
 import msgspec
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
+from harness.errors import HarnessError
 from harness.limits import MAX_JSON_BYTES, read_bounded
 from harness.measure import figures as F
 from harness.measure import metrics as M
+from harness.measure import production as P
 from harness.measure import stats as S
 from harness.measure import tails as T
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, read_run
@@ -224,17 +229,11 @@ def slowest_stages(long_tail: dict) -> tuple[list[str], list[tuple[str, dict[str
 
 
 def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)  # headless: never needs a display
-    import matplotlib.pyplot as plt
-
+    matplotlib.use("Agg", force=True)  # headless: never needs a display (switched before any figure exists)
     return plt
 
 
 def _stage_colors() -> dict[str, tuple]:
-    import matplotlib
-
     cmap = matplotlib.colormaps["tab20"]
     return {name: cmap(i % 20) for i, name in enumerate(STAGE_NAMES)}
 
@@ -251,8 +250,6 @@ def _save(fig, path: Path, values: dict) -> Plotted:
 
 
 def _integer_counts(axis) -> None:
-    from matplotlib.ticker import MaxNLocator
-
     axis.set_major_locator(MaxNLocator(integer=True))  # counts: no fractional ticks
 
 
@@ -543,8 +540,6 @@ def run_section(view: RunView, label: str) -> list[str]:
 
 def definitions_section(production: bool = False) -> list[str]:
     """Every column and row figure of the report, defined once (``measure.figures``)."""
-    from harness.measure import production as P
-
     names = REPORT_FIGURES + ((*P.COLUMNS, *P.FIGURE_OF.values()) if production else ())
     lines = ["## figure definitions", "", "Every column above, once. "
              "Labels that read differently under a scheduler are the same figure.", "", *F.table_md(tuple(dict.fromkeys(names)))]
@@ -553,8 +548,6 @@ def definitions_section(production: bool = False) -> list[str]:
 
 def production_section(view: RunView, bench: dict | None) -> list[str]:
     """The run beside DESIGN §12 (``measure.production``), resolution and ranks from its manifest."""
-    from harness.measure import production as P
-
     cfg = view.manifest.get("config", {})
     video, parallel = cfg.get("video", {}), cfg.get("parallel", {})
     res = (video.get("height"), video.get("width"))
@@ -614,8 +607,6 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path | None = None, 
 
 
 def main(args) -> int:
-    from harness.errors import HarnessError
-
     try:
         bench = json.loads(read_bounded(args.bench, MAX_JSON_BYTES, "bench-engine --json result")) if args.bench else None
         if bench is not None and not {"flops", "peak_bf16_tflops", "peak_tf32_tflops"} <= set(bench):

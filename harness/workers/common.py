@@ -9,11 +9,13 @@ communicator. When neither group has more than one rank, no world is created at 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import time
 import traceback
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Literal
 
 import msgspec
@@ -21,6 +23,7 @@ import torch
 
 from harness.config import HarnessConfig
 from harness.engine.groups import RankGroup
+from harness.hooks.active import ActiveHooks, activate
 
 Role = Literal["dit", "vae", "encoder"]
 
@@ -167,15 +170,24 @@ class GpuTimer:
         return out
 
 
-def write_hook_report(spec: WorkerSpec, hooks) -> None:
+def write_hook_report(spec: WorkerSpec, hooks: ActiveHooks) -> None:
     """What this process's hooks actually did, next to the run's other files."""
     if not spec.hooks or not spec.run_dir:
         return
-    import json
-    from pathlib import Path
-
     path = Path(spec.run_dir) / f"hooks.{spec.role}{spec.rank}.json"
     path.write_text(json.dumps(hooks.report(), indent=1))
+
+
+@contextmanager
+def hooks_on(spec: WorkerSpec, label: str):
+    """The run's hooks switched on around a worker's serve loop; their report is written once they
+    are off (the recorder's totals exist only then), however the loop ended."""
+    hooks = activate(spec.hooks, out_dir=spec.run_dir, label=label)
+    try:
+        with hooks:
+            yield hooks
+    finally:
+        write_hook_report(spec, hooks)
 
 
 @contextmanager

@@ -11,13 +11,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.hooks import activate
 from harness.hooks import context as hctx
 from harness.measure.clock import now
 from harness.pipeline import messages as M
 from harness.workers.common import (
     GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, process_setup,
-    reported_errors, shutdown_groups, synchronize, write_hook_report,
+    hooks_on, reported_errors, shutdown_groups, synchronize,
 )
 
 
@@ -45,12 +44,8 @@ def _serve(spec: WorkerSpec, conn) -> None:
                          info={"candidates": ",".join(applied)}))
     sessions: dict[int, object] = {}
     epochs: dict[int, int] = {}
-    hooks = activate(spec.hooks, out_dir=spec.run_dir, label=f"dit{spec.rank}")
-    try:
-        with hooks:
-            _loop(spec, conn, engine, sessions, epochs, timer, lead, cfg, device)
-    finally:
-        write_hook_report(spec, hooks)  # after exit: the recorder's totals exist only then
+    with hooks_on(spec, f"dit{spec.rank}"):
+        _loop(spec, conn, engine, sessions, epochs, timer, lead, cfg, device)
 
 
 def _loop(spec, conn, engine, sessions, epochs, timer, lead, cfg, device) -> None:

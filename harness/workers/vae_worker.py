@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from harness.hooks import activate
 from harness.hooks import context as hctx
 from harness.measure.clock import now
 from harness.pipeline import messages as M
 from harness.workers.common import (
     GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, process_setup,
-    reported_errors, shutdown_groups, synchronize, write_hook_report,
+    hooks_on, reported_errors, shutdown_groups, synchronize,
 )
 
 
@@ -78,13 +77,11 @@ def _serve(spec: WorkerSpec, conn, ring) -> None:
     M.send(conn, M.Ready(role="vae", rank=spec.rank, device=str(device), device_name=device_name(device),
                          info={"candidates": ",".join(applied)}))
     sessions: dict[int, object] = {}
-    hooks = activate(spec.hooks, out_dir=spec.run_dir, label=f"vae{spec.rank}")
     try:
-        with hooks:
+        with hooks_on(spec, f"vae{spec.rank}"):
             _loop(spec, conn, ring, engine, out, sessions, timer, lead, device)
     finally:
         out.close()  # before main() unmaps the ring
-        write_hook_report(spec, hooks)  # after exit: the recorder's totals exist only then
 
 
 def _check_finite(latent, session: int, chunk: int) -> None:

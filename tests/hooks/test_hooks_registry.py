@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from harness.errors import HarnessError
-from harness.hooks import HookSet, activate, parse_hooks
+from harness.hooks import HookSet, parse_hooks
+from harness.hooks.active import activate
 from harness.hooks import context as hctx
 
 
