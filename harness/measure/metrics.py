@@ -18,7 +18,7 @@ Selection rules shared by every figure here:
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import msgspec
 import numpy as np
@@ -272,6 +272,27 @@ class PerSession(msgspec.Struct, frozen=True):
         return np.array([v if isinstance(v, int) else v.ns for v in self.values.values()], dtype=np.int64)
 
 
+def _per_session(
+    name: str,
+    events: Sequence[ChunkEvent],
+    sessions: Sequence[SessionStart],
+    boundary: str,
+    window: Window,
+    value: Callable[[dict[int, ChunkEvent], int], object | None],
+) -> PerSession:
+    """``value(chunks, start_ns)`` of every measured non-cancelled session that has a start (None:
+    the session gives no value, and is counted as missing)."""
+    _check_boundary(boundary)
+    table = session_table(events)
+    starts = session_starts(sessions)
+    keys, n_cancelled = _measured(table, sessions, window)
+    values: dict[SessionKey, object] = {}
+    for k in keys:
+        if k in starts and (v := value(table.get(k, {}), starts[k].start_ns)) is not None:
+            values[k] = v
+    return PerSession(f"{name}:{boundary}", values, len(keys), len(keys) - len(values), n_cancelled)
+
+
 def ttfc(
     events: Sequence[ChunkEvent],
     sessions: Sequence[SessionStart],
@@ -279,17 +300,12 @@ def ttfc(
     window: Window = DEFAULT_WINDOW,
 ) -> PerSession:
     """B(chunk 0) − session start, per measured non-cancelled session."""
-    _check_boundary(boundary)
-    table = session_table(events)
-    starts = session_starts(sessions)
-    keys, n_cancelled = _measured(table, sessions, window)
-    values: dict[SessionKey, object] = {}
-    for k in keys:
-        first = table.get(k, {}).get(0)
-        t = first.at(boundary) if first is not None else None
-        if t is not None and k in starts:
-            values[k] = int(t - starts[k].start_ns)
-    return PerSession(f"ttfc:{boundary}", values, len(keys), len(keys) - len(values), n_cancelled)
+
+    def first_chunk(chunks: dict[int, ChunkEvent], start: int) -> int | None:
+        t = chunks[0].at(boundary) if 0 in chunks else None
+        return None if t is None else int(t - start)
+
+    return _per_session("ttfc", events, sessions, boundary, window, first_chunk)
 
 
 def rollouts(
@@ -300,22 +316,17 @@ def rollouts(
 ) -> PerSession:
     """Session start → B(last recorded chunk), with the frames of all chunks; a session with a
     hole (a chunk index or its boundary absent) has no rollout."""
-    _check_boundary(boundary)
-    table = session_table(events)
-    starts = session_starts(sessions)
-    keys, n_cancelled = _measured(table, sessions, window)
-    values: dict[SessionKey, object] = {}
-    for k in keys:
-        chunks = table.get(k, {})
-        if not chunks or k not in starts:
-            continue
+
+    def whole_session(chunks: dict[int, ChunkEvent], start: int) -> Rollout | None:
+        if not chunks:
+            return None
         last = max(chunks)
         if any(c not in chunks or chunks[c].at(boundary) is None for c in range(last + 1)):
-            continue
-        ns = chunks[last].at(boundary) - starts[k].start_ns
-        if ns > 0:
-            values[k] = Rollout(int(ns), sum(e.frames for e in chunks.values()), last + 1)
-    return PerSession(f"rollout:{boundary}", values, len(keys), len(keys) - len(values), n_cancelled)
+            return None
+        ns = chunks[last].at(boundary) - start
+        return Rollout(int(ns), sum(e.frames for e in chunks.values()), last + 1) if ns > 0 else None
+
+    return _per_session("rollout", events, sessions, boundary, window, whole_session)
 
 
 # ---- handoff, stages, GPU time, blocking ---------------------------------------------------
