@@ -30,6 +30,12 @@ def test_parse_full_string():
     assert h.to_dict() == {"nvtx": True, "dispatch": "full", "trace": True, "profile": [5, 7]}
 
 
+def test_the_hooks_option_parses_to_the_items_a_serve_takes():
+    """``--hooks`` as argparse hands it over (default "", spaces allowed) → ``ServeOptions.hooks``."""
+    assert parse_hooks("").items() == ()
+    assert parse_hooks(" nvtx , dispatch=full,trace ").items() == ("nvtx", "dispatch", "trace")
+
+
 @pytest.mark.parametrize("spec,expected", [
     ("", HookSet()),
     (None, HookSet()),
