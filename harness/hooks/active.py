@@ -1,6 +1,6 @@
 """The hooks of one process, switched on (``activate``) and reporting what they did.
 
-Loads every hook's module (torch among them): a process imports this only where a model runs.
+Loads every hook's module (torch among them); ``harness.hooks`` itself stays torch-free.
 """
 
 from __future__ import annotations
