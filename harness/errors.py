@@ -5,6 +5,11 @@ else is a bug and keeps its traceback.
 """
 
 
+#: exit statuses of every command: a user's mistake (one line on stderr), a failed run or gate
+EXIT_USAGE = 2
+EXIT_FAIL = 1
+
+
 class HarnessError(Exception):
     """A user-facing error: bad config, bad input, a refused candidate, a dead rank."""
 

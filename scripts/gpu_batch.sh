@@ -12,7 +12,7 @@
 #   SCRATCH (where run directories go; default /tmp/harness-gpu), STEP_TIMEOUT (seconds per step, 420),
 #   REPLAY_SP / REPLAY_KV (replay: SP degrees and K lengths), REPLAY_BACKENDS (replayfa3),
 #   ARMS (arms: space-separated NAME=ID[+ID…], each A/B'd against one shared baseline in one engine;
-#   with ROUNDS / CHUNKS), CAND (benchcand: '+'-joined candidates; DiT only, with a kernel breakdown).
+#   with ROUNDS / CHUNKS / LAUNCHES — ≥ 2 fresh processes give every arm a verdict), CAND (benchcand: '+'-joined candidates; DiT only, with a kernel breakdown).
 # One-GPU steps can run side by side on a multi-GPU host, each with its own GPU and scratch folder:
 #   CUDA_VISIBLE_DEVICES=1 SCRATCH=/tmp/g1 scripts/gpu_batch.sh OUT/g1 STEP…
 # Run directories go to a scratch folder (media and saved outputs are large); the small files
@@ -53,10 +53,10 @@ for s in $STEPS; do
     report)   step report $H report $(ls -d "$SCRATCH"/serve-*/ 2>/dev/null) --out "$SCRATCH/report" ;;
     gate)     need GATE_A GATE_B && step "gate-$GATE_A-vs-$GATE_B" $H gate "$SCRATCH/$GATE_A" "$SCRATCH/$GATE_B" ${GATE_EXACT:+--exact} --json "$SCRATCH/gate-$GATE_A-vs-$GATE_B.json" ;;
     gputests) step gpu-tests python3 -m pytest -q -p no:cacheprovider tests/candidates/test_h4a_fused_output.py tests/candidates/test_h4b_pinned_d2h.py tests/hooks/test_hooks_cuda.py tests/engine/test_dit_cuda_nosync.py ;;
-    h4)       step h4-output python3 -m harness.experiments.gpu_checks output --json "$SCRATCH/h4-output.json" ;;
-    dit)      step dit-compiled python3 -m harness.experiments.gpu_checks dit --variants "${VARIANTS:-engine}" --json "$SCRATCH/dit-compiled.json" ;;
-    det)      step determinism python3 -m harness.experiments.gpu_checks determinism --json "$SCRATCH/determinism.json" ;;
-    colocate) step colocate-${MODE:-compiled} python3 -m harness.experiments.gpu_checks colocate --mode "${MODE:-compiled}" --json "$SCRATCH/colocate-${MODE:-compiled}.json" ;;
+    h4)       step h4-output python3 -m harness gpu-checks output --json "$SCRATCH/h4-output.json" ;;
+    dit)      step dit-compiled python3 -m harness gpu-checks dit --variants "${VARIANTS:-engine}" --json "$SCRATCH/dit-compiled.json" ;;
+    det)      step determinism python3 -m harness gpu-checks determinism --json "$SCRATCH/determinism.json" ;;
+    colocate) step colocate-${MODE:-compiled} python3 -m harness gpu-checks colocate --mode "${MODE:-compiled}" --json "$SCRATCH/colocate-${MODE:-compiled}.json" ;;
     # MPS lets the DiT's and the VAE's processes run kernels at once instead of time-slicing; the
     # daemon lives under /tmp (the path serve's manifest checks) and is stopped by mps-off.
     mps-on)   export CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps CUDA_MPS_LOG_DIRECTORY=/tmp/nvidia-mps-log
@@ -66,7 +66,7 @@ for s in $STEPS; do
     replay)   step replay-480 python3 -m harness replay --synthetic lingbot-480x832 --device cuda --sp "${REPLAY_SP:-1,2}" --kv "${REPLAY_KV:-4680,14040,28080}" --repeats 10 --warmup 2 --out "$SCRATCH/replay-480" ;;
     fa3tests) step fa3-tests python3 -m pytest -q -s -p no:cacheprovider tests/engine/test_fa3_cuda.py ;;
     arms)     need ARMS && step ab-arms-$RES $H ab-arms --preset lingbot-$RES --device cuda --mode "${MODE:-compiled}" \
-                $(for a in $ARMS; do printf -- '--arm %s ' "$a"; done) --rounds "${ROUNDS:-4}" --chunks "${CHUNKS:-7}" --kernels --json "$SCRATCH/ab-arms-$RES.json" ;;
+                $(for a in $ARMS; do printf -- '--arm %s ' "$a"; done) --rounds "${ROUNDS:-4}" --launches "${LAUNCHES:-1}" --chunks "${CHUNKS:-7}" --kernels --json "$SCRATCH/ab-arms-$RES.json" ;;
     replayfa3) step replay-fa3 python3 -m harness replay --synthetic lingbot-$RES --device cuda --sp 1 --kv "${REPLAY_KV:-28080}" \
                 --backends "${REPLAY_BACKENDS:-sdpa-cudnn,fa3,fa3-fp8,fa3-fp8-smooth,emu-fp8-v,emu-fp8-qk,emu-fp8-p,emu-fp8-qkvp,emu-fp8-v-smooth,emu-fp8-qkvp-smooth}" \
                 --repeats 10 --warmup 2 --out "$SCRATCH/replay-fa3" ;;

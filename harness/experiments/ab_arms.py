@@ -1,7 +1,7 @@
 """Several DiT-engine candidates, each A/B'd against one shared baseline inside one engine.
 
     python -m harness ab-arms --preset lingbot-480x832 --device cuda --mode compiled \\
-        --arm fa3=H1b:fa3 --arm h6a=H6a --arm h6c=H6c [--rounds 4] [--chunks 7] [--kernels] [--json F]
+        --arm fa3=H1b:fa3 --arm h6a=H6a --arm h6c=H6c [--rounds 4] [--launches N] [--chunks 7] [--kernels] [--json F]
 
 ``ab-engine`` judges one candidate per launch; at full size each launch pays the model's
 initialisation and a compilation warm-up per arm, several minutes before the first measured
@@ -14,9 +14,12 @@ Round r runs one session of the baseline (A) and of every arm, all with seed r, 
 rotated by r (a slow drift of the machine weighs on every arm alike). Each arm is then judged
 with ``ab-engine``'s own functions: the threshold/exact gate over every chunk against the same
 round's A session, then the ratio of medians of the steady chunks (``engine_ab.judge_gated``).
-A run is one launch, so the ratio's interval is the within-launch one and the verdict reads "no
-verdict: one launch": ab-arms screens arms, ``ab-engine --launches N`` judges them. ``--kernels`` adds one chunk to each arm's last session, profiled for
-a per-kernel breakdown and left out of the times and the gate.
+By default a run is one launch, so the ratio's interval is the within-launch one and the verdict
+reads "no verdict: one launch" (a screen). ``--launches N`` runs N fresh processes, each building
+the engine and every arm, and judges each arm over the launches like ``ab-engine --launches N``:
+several candidates get verdicts for one baseline's compilation per launch. ``--kernels`` adds one
+chunk to each arm's last session (of the last launch), profiled for a per-kernel breakdown and left
+out of the times and the gate.
 """
 
 from __future__ import annotations
@@ -29,14 +32,21 @@ import torch
 
 from harness import candidates as C
 from harness.config import HarnessConfig, override
+from harness.drivers.options import base_config
 from harness.engine.attention import check_backend
-from harness.engine.groups import RankGroup
+from harness.engine.groups import RankGroup, run_ranks
 from harness.errors import HarnessError
-from harness.experiments.bench_engine import (count_steady_flops, dit_engine_for, measure_peak_tflops,
-                                              steady_chunk_index, timed_session)
+from harness.experiments.bench_engine import (
+    count_steady_flops,
+    dit_engine_for,
+    measure_peak_tflops,
+    steady_chunk_index,
+    timed_session,
+    warmup_chunks,
+)
 from harness.experiments.compare import gate_kind
-from harness.experiments.engine_ab import (EngineArm, engine_switches, judge_gated, latent_bytes,
-                                           session_actions)
+from harness.experiments.engine_ab import EngineArm, engine_switches, judge_gated, latent_bytes, session_actions
+from harness.experiments.kernel_profile import ProfileChunk
 from harness.measure import stats as S
 from harness.measure.production import mfu
 
@@ -63,14 +73,39 @@ def round_order(names: list[str], r: int) -> list[str]:
     return names[k:] + names[:k]
 
 
-def run(cfg: HarnessConfig, arms: dict[str, list[str]], rounds: int, chunks: int, kernels: bool = False) -> dict:
-    """One engine on one device (SP = 1: ``ab-engine`` covers SP > 1, one candidate per launch)."""
+def run(cfg: HarnessConfig, arms: dict[str, list[str]], rounds: int, chunks: int, kernels: bool = False,
+        launches: int = 1) -> dict:
+    """One engine on one device (SP = 1: ``ab-engine`` covers SP > 1, one candidate per launch).
+    ``launches`` = 1 runs in this process; more start one fresh process per launch (new weights,
+    new compilation, new allocator), and every arm is judged over the launches."""
     cfg = override(cfg, parallel={"sp": 1})
     steady = steady_chunk_index(cfg)
     if chunks <= steady:
         raise HarnessError(f"--chunks {chunks}: sessions need more than {steady} chunks for a steady chunk")
     switches = {n: engine_switches(s, cfg) for n, s in arms.items()}  # every arm refused before the engine is built
-    eng, device = dit_engine_for(RankGroup.single(), cfg)
+    if launches == 1:
+        runs = [_launch(RankGroup.single(), cfg, arms, switches, rounds, chunks, kernels)]
+    else:
+        backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
+        runs = [run_ranks(_launch, 1, cfg, arms, switches, rounds, chunks, kernels and i == launches - 1,
+                          backend=backend, timeout_s=3600)[0] for i in range(launches)]
+    names = ["A", *arms]
+    out = {"preset": cfg.name, "mode": cfg.runtime.mode, "sp": 1, "layers": cfg.model.num_layers, "rounds": rounds,
+           "launches": launches, "chunks": chunks, "steady_from_chunk": steady, "order": " ".join(runs[0]["order"]),
+           "warmup_chunk_ms": runs[-1]["warm"], "compile": runs[-1]["compile"],
+           "chunk_ms": {n: [s for r in runs for s in r["times"][n]] for n in names},
+           "chunk_ms_by_launch": [r["times"] for r in runs], "kernels": runs[-1]["profiles"]}
+    shape = (16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)
+    out["arms"] = {name: {"candidates": specs, "switches": switches[name],
+                          **_judge_arm(cfg, specs, runs, name, steady, shape)} for name, specs in arms.items()}
+    return out
+
+
+def _launch(group: RankGroup, cfg: HarnessConfig, arms: dict[str, list[str]], switches: dict, rounds: int,
+            chunks: int, kernels: bool) -> dict:
+    """One launch: the engine built once, every arm warmed (compiled modes), then ``rounds`` rounds
+    of one session per arm; the times, latents and (``kernels``) profiles of each arm."""
+    eng, device = dit_engine_for(group, cfg)
     state = {"A": EngineArm(eng, cfg, [], {})} | {n: EngineArm(eng, cfg, s, switches[n]) for n, s in arms.items()}
     actions = session_actions(cfg)
 
@@ -81,7 +116,7 @@ def run(cfg: HarnessConfig, arms: dict[str, list[str]], rounds: int, chunks: int
     warm = {}
     if cfg.runtime.mode != "eager":  # compilation and CUDA-graph recording of every arm's graphs
         for name in state:
-            warm[name] = session(name, 10_000, min(3, chunks))
+            warm[name] = session(name, 10_000, warmup_chunks(chunks))
     times, lats, profiles, order = {n: [] for n in state}, {n: [] for n in state}, {}, []
     for r in range(rounds):
         for name in round_order(list(state), r):
@@ -101,28 +136,22 @@ def run(cfg: HarnessConfig, arms: dict[str, list[str]], rounds: int, chunks: int
             lats[name].append(lat[:chunks])
             # a killed run still leaves every finished session's times in its log
             print(f"round {r} {name}: " + " ".join(f"{x:.1f}" for x in t[:chunks]), flush=True)
-    out = {"preset": cfg.name, "mode": cfg.runtime.mode, "sp": 1, "layers": cfg.model.num_layers, "rounds": rounds,
-           "chunks": chunks, "steady_from_chunk": steady, "order": " ".join(order), "warmup_chunk_ms": warm,
-           "compile": eng.compile_stats(), "chunk_ms": times, "kernels": profiles}
-    shape = (16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)
-    out["arms"] = {name: {"candidates": specs, "switches": switches[name],
-                          **_judge_arm(cfg, specs, lats["A"], lats[name], times["A"], times[name], steady, shape)}
-                   for name, specs in arms.items()}
-    return out
+    return {"times": times, "latents": lats, "profiles": profiles, "order": order, "warm": warm,
+            "compile": eng.compile_stats()}
 
 
 def _profiler(chunks: int):
     """A per-kernel profile of one extra chunk past the timed ones (dropped from times and gate)."""
-    from harness.experiments.kernel_profile import ProfileChunk
-
     return ProfileChunk(skip=chunks)
 
 
-def _judge_arm(cfg: HarnessConfig, specs: list[str], lat_a, lat_b, times_a, times_b, steady: int, shape) -> dict:
-    """``ab-engine``'s judgement of one arm against the baseline: its gate, then (passed) the ratio."""
+def _judge_arm(cfg: HarnessConfig, specs: list[str], runs: list[dict], name: str, steady: int, shape) -> dict:
+    """``ab-engine``'s judgement of one arm against the baseline: its gate over every chunk of every
+    launch, then (passed) the ratio over the launches (one launch: judged, but never a verdict)."""
     kind = gate_kind([c.gate for c, _ in C.resolve(specs, cfg)])
-    # one launch: judged, but never a verdict
-    return judge_gated(kind, lat_a, lat_b, shape, [{"A": times_a, "B": times_b}], steady)
+    lat_a = [s for r in runs for s in r["latents"]["A"]]
+    lat_b = [s for r in runs for s in r["latents"][name]]
+    return judge_gated(kind, lat_a, lat_b, shape, [{"A": r["times"]["A"], "B": r["times"][name]} for r in runs], steady)
 
 
 def add_rates(out: dict, cfg: HarnessConfig, device: torch.device) -> None:
@@ -139,7 +168,8 @@ def add_rates(out: dict, cfg: HarnessConfig, device: torch.device) -> None:
 
 
 def _print(out: dict) -> None:
-    print(f"ab-arms on {out['preset']} ({out['mode']}, SP=1, {out['layers']} layers), {out['rounds']} rounds × "
+    print(f"ab-arms on {out['preset']} ({out['mode']}, SP=1, {out['layers']} layers), {out['launches']} "
+          f"launch{'es' if out['launches'] > 1 else ''} × {out['rounds']} rounds × "
           f"{out['chunks']} chunks, order {out['order']}")
     for name, a in out["arms"].items():
         g = a["gate"]
@@ -162,11 +192,11 @@ def _print(out: dict) -> None:
 
 def main(args) -> int:
     """``python -m harness ab-arms``: every option checked, every arm resolved, before the engine is built."""
-    from harness.cli import base_config
-
     arms = parse_arms(args.arm)
     if args.rounds < 1 or (args.chunks is not None and args.chunks < 1):
         raise HarnessError("--rounds and --chunks must be ≥ 1")
+    if args.launches < 1:
+        raise HarnessError("--launches must be ≥ 1")
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise HarnessError(f"--json {args.json}: its folder does not exist")
     base = base_config(args)
@@ -176,7 +206,7 @@ def main(args) -> int:
     if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
         raise HarnessError("--device cuda but no CUDA device is visible")
     check_backend(cfg.runtime.attention, cfg.runtime.device)  # the baseline's, e.g. one set with --set
-    out = run(cfg, arms, args.rounds, args.chunks or cfg.video.chunks_per_session, args.kernels)
+    out = run(cfg, arms, args.rounds, args.chunks or cfg.video.chunks_per_session, args.kernels, args.launches)
     add_rates(out, cfg, torch.device("cuda:0" if cfg.runtime.device == "cuda" else "cpu"))
     _print(out)
     if args.json:

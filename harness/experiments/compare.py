@@ -42,11 +42,19 @@ from typing import Callable, Sequence
 
 import msgspec
 
-from harness.errors import HarnessError
+from harness.candidates import configure, get, resolve, split_id
+from harness.config import HarnessConfig, to_dict, upgrade_recorded
+from harness.drivers.options import parse_hooks, resolve_config
+from harness.drivers.rundir import REPO_ROOT, write_json
+from harness.drivers.runstate import refuse_unfinished
+from harness.drivers.serve import ServeOptions, serve
+from harness.errors import EXIT_FAIL, HarnessError
+from harness.experiments.protocols import protocol_for, serve_options
 from harness.limits import MAX_JSON_BYTES, read_bounded
 from harness.measure import metrics as M
 from harness.measure import stats as S
 from harness.measure.events import ChunkEvent, SessionStart, read_run
+from harness.measure.gates import gate
 
 SCHEMA = 2
 BOUNDARIES: tuple[str, ...] = ("cpu_ready", "encoded", "delivered")
@@ -188,9 +196,6 @@ def _read_json(path: Path) -> dict:
 
 
 def load_meta(run_dir: Path, round_: int, arm: str) -> RunMeta:
-    from harness.config import upgrade_recorded
-    from harness.drivers.runstate import refuse_unfinished
-
     refuse_unfinished(run_dir)  # a summary beside a manifest still saying running is not a finished run
     man = _read_json(run_dir / "manifest.json")
     if isinstance(man.get("config"), dict):  # a manifest from before a config rename reads as today's
@@ -221,9 +226,6 @@ _MISSING = object()
 
 def expected_candidate_config(a_config: dict, candidate: Sequence[str]) -> dict:
     """A's config with the candidate's configuration part applied: what B's must be."""
-    from harness.candidates import configure
-    from harness.config import HarnessConfig, to_dict
-
     try:
         cfg = msgspec.convert(a_config, HarnessConfig)
     except msgspec.ValidationError as e:
@@ -289,8 +291,6 @@ def check_comparable(runs_a: Sequence[RunMeta], runs_b: Sequence[RunMeta]) -> li
 
 
 def _patches_engine(specs: Sequence[str]) -> bool:
-    from harness.candidates import get, split_id
-
     return any(c.patch_dit or c.patch_vae or c.patch_output for c in (get(split_id(s)[0]) for s in specs))
 
 
@@ -307,9 +307,6 @@ def gate_kind(kinds: Sequence[str]) -> str:
 
 
 def run_gate(a: RunMeta, b: RunMeta, candidate: Sequence[str]) -> GateRecord:
-    from harness.candidates import get, split_id
-    from harness.measure.gates import gate
-
     cands = [get(split_id(s)[0]) for s in candidate]
     kind = gate_kind([c.gate for c in cands])
     mode = a.manifest.get("mode", "?")
@@ -332,8 +329,6 @@ REPEATABLE_MODES = ("eager", "deterministic")
 def refuse_unrepeatable_exact(candidate: Sequence[str], mode: str) -> None:
     """An exact gate compares two launches byte for byte, which only a repeatable mode can pass;
     refused before any GPU time is spent (a compiled run of H4a failed 80 of 80 files on this)."""
-    from harness.candidates import get, split_id
-
     kind = gate_kind([get(split_id(s)[0]).gate for s in candidate])
     if kind == "exact" and mode not in REPEATABLE_MODES:
         raise HarnessError(f"{', '.join(candidate)} must pass an exact gate, but --mode {mode} is not bit-identical "
@@ -592,8 +587,6 @@ def _pct(x: float | None) -> str:
 
 
 def write_outputs(out: Path, res: CompareResult) -> tuple[Path, Path]:
-    from harness.drivers.rundir import write_json
-
     j, md = out / "compare.json", out / "compare.md"
     write_json(j, msgspec.to_builtins(res))
     tmp = md.with_suffix(".md.tmp")
@@ -627,8 +620,6 @@ def summary_lines(res: CompareResult) -> list[str]:
 
 
 def default_out(candidate: Sequence[str]) -> Path:
-    from harness.drivers.rundir import REPO_ROOT
-
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     tag = "+".join(s.replace(":", "-") for s in candidate)
     return REPO_ROOT / "runs" / f"{stamp}-compare-{tag}-{os.getpid()}"
@@ -667,9 +658,6 @@ def budget_line(plan: Plan) -> str:
 
 
 def _launch_round(cfg, out: Path, r: int, specs_by_arm, hooks, progress, proto, log) -> dict[str, RunMeta]:
-    from harness.drivers.serve import ServeOptions, serve
-    from harness.experiments.protocols import serve_options
-
     metas = {}
     for arm, specs in specs_by_arm:
         d = out / f"round{r}-{arm}"
@@ -697,9 +685,6 @@ def run_compare(
     max_rounds: int | None = None,
     margin: float = S.DEFAULT_MARGIN,
 ) -> CompareResult:
-    from harness.candidates import configure, resolve
-    from harness.experiments.protocols import protocol_for
-
     plan = check_plan(rounds, until_resolved, max_rounds, margin)
     if not candidate:
         raise HarnessError("compare needs --candidate ID (the candidate under test)")
@@ -758,8 +743,6 @@ def run_compare(
 
 
 def main(args) -> int:
-    from harness.cli import EXIT_FAIL, parse_hooks, resolve_config
-
     if args.reanalyze:
         if not args.out:
             raise HarnessError("--reanalyze needs --out DIR (the comparison directory)")

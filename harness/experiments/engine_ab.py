@@ -29,14 +29,17 @@ import json
 import sys
 
 import msgspec
+import numpy as np
 import torch
 
 from harness import candidates as C
 from harness.config import HarnessConfig, override
+from harness.drivers.options import base_config
 from harness.engine.groups import RankGroup, run_ranks
 from harness.errors import HarnessError
-from harness.experiments.bench_engine import dit_engine_for, steady_chunk_index, timed_session
+from harness.experiments.bench_engine import dit_engine_for, steady_chunk_index, timed_session, warmup_chunks
 from harness.experiments.compare import gate_kind
+from harness.limits import check_chunks_option
 from harness.measure import stats as S
 from harness.measure.gates import latent_metrics, latent_passes
 
@@ -126,7 +129,7 @@ def _rank(group: RankGroup, cfg: HarnessConfig, specs: list[str], switches: dict
 
     if cfg.runtime.mode != "eager":  # compilation and CUDA-graph recording, for both arms' paths
         for arm in ("A", "B"):
-            session(arm, 10_000, min(3, chunks))
+            session(arm, 10_000, warmup_chunks(chunks))
     out = {"A": [], "B": [], "latents": {"A": [], "B": []}, "order": arm_order(pairs)}
     for i, arm in enumerate(out["order"]):
         times, lat = session(arm, seed=i // 2, n=chunks)
@@ -137,8 +140,6 @@ def _rank(group: RankGroup, cfg: HarnessConfig, specs: list[str], switches: dict
 
 def gate_pairs(kind: str, a: list[list[bytes]], b: list[list[bytes]], shape: tuple[int, ...]) -> dict:
     """The candidate's gate over every chunk of every pair (latents as raw float32 bytes)."""
-    import numpy as np
-
     failed, worst = [], 0.0
     for p, (sa, sb) in enumerate(zip(a, b)):
         for c, (xa, xb) in enumerate(zip(sa, sb)):
@@ -203,12 +204,9 @@ def judge_gated(kind: str, lat_a, lat_b, shape, launches: list[dict], steady: in
 
 
 def main(args) -> int:
-    from harness.cli import base_config
-
     cfg = override(base_config(args), parallel={"sp": args.sp}, runtime={"device": args.device, "mode": args.mode})
     if args.pairs < 1 or args.launches < 1 or (args.chunks is not None and args.chunks < 1):
         raise HarnessError("--pairs, --launches and --chunks must be ≥ 1")
-    from harness.limits import check_chunks_option
 
     check_chunks_option(args.chunks, cfg.video.frames_per_chunk)  # up front, not in a rank minutes later
     if not args.candidate:

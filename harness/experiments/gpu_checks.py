@@ -1,12 +1,12 @@
 """GPU acceptance checks for H2a, H3a, H4a, H4b and the compiled modes, one compact JSON report each.
 
-    python -m harness.experiments.gpu_checks output  [--json F]   # H4a + H4b: exactness, convert+D2H times
-    python -m harness.experiments.gpu_checks vae     [--json F]   # H3a: compiled vs eager decode
-    python -m harness.experiments.gpu_checks dit     [--json F] [--chunks 7] [--compile-mode M]
+    python -m harness gpu-checks output  [--json F]   # H4a + H4b: exactness, convert+D2H times
+    python -m harness gpu-checks vae     [--json F]   # H3a: compiled vs eager decode
+    python -m harness gpu-checks dit     [--json F] [--chunks 7] [--compile-mode M]
                                                                   # compiled vs eager DiT (+ H2a)
-    python -m harness.experiments.gpu_checks determinism [--json F] [--chunks 3]
+    python -m harness gpu-checks determinism [--json F] [--chunks 3]
                                                                   # two launches of --mode deterministic
-    python -m harness.experiments.gpu_checks colocate [--json F] [--chunks 9] [--mode compiled]
+    python -m harness gpu-checks colocate [--json F] [--chunks 9] [--mode compiled]
                                                                   # DiT + VAE decode in one process, two streams
 
 All on one GPU at the full 480×832 preset (SP 1, one VAE rank), random weights from a fixed seed.
@@ -16,25 +16,37 @@ KV window (chunk ≥ 5). The numeric gates are the run gates' metrics (``measure
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from harness.candidates.h4b_pinned_d2h import PinnedCopy
+from harness.config import load_preset, override
+from harness.engine import convert
+from harness.engine.conditions import SessionConditions
+from harness.engine.convert import to_uint8
+from harness.engine.dit_engine import DitEngine
+from harness.engine.groups import RankGroup
+from harness.engine.vae_engine import VaeEngine
+from harness.errors import HarnessError
+from harness.measure.gates import latent_metrics, latent_passes, pixel_metrics, pixel_passes
+from harness.pipeline.ring import FrameRing
+from harness.workers.common import set_deterministic
+
 PRESET = "lingbot-480x832"
 ACTIONS = [["W", "WJ", ""], ["D", "", "I"], ["", "", ""], ["SL", "K", "A"]]
 
 
 def _cfg(**runtime):
-    from harness.config import load_preset, override
-
     return override(load_preset(PRESET), parallel={"sp": 1, "vae_ranks": 1}, runtime=runtime)
 
 
@@ -56,9 +68,6 @@ def _ms(fn, reps: int) -> tuple[float, list[float]]:
 # ---- H4a + H4b ---------------------------------------------------------------------------------
 def _decoded_chunk() -> torch.Tensor:
     """A real 12-frame 480×832 chunk: the full-size decoder's second chunk of a session."""
-    from harness.engine.groups import RankGroup
-    from harness.engine.vae_engine import VaeEngine
-
     cfg = _cfg()
     eng = VaeEngine(cfg, group=RankGroup.single(), device=torch.device("cuda"), seed=0)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -73,9 +82,7 @@ def _decoded_chunk() -> torch.Tensor:
 
 
 def check_output(reps: int = 50) -> dict:
-    from harness.candidates.h4b_pinned_d2h import PinnedCopy
-    from harness.engine import convert, fused_convert
-    from harness.pipeline.ring import FrameRing
+    from harness.engine import fused_convert  # needs Triton, which GPU machines have and the CPU install lacks
 
     frames = _decoded_chunk()
     shape = (frames.shape[1], frames.shape[2], frames.shape[3], 3)
@@ -123,10 +130,6 @@ def check_output(reps: int = 50) -> dict:
 
 # ---- H3a ---------------------------------------------------------------------------------------
 def check_vae(chunks: int = 6, mode: str = "default") -> dict:
-    from harness.engine.convert import to_uint8
-    from harness.engine.groups import RankGroup
-    from harness.engine.vae_engine import VaeEngine
-    from harness.measure.gates import pixel_metrics, pixel_passes
     from torch._dynamo.utils import counters
 
     cfg = _cfg()
@@ -172,8 +175,6 @@ def check_vae(chunks: int = 6, mode: str = "default") -> dict:
 
 # ---- DiT: compiled vs eager, H2a ---------------------------------------------------------------
 def _dit_session(eng, chunks: int, seed: int = 5) -> tuple[list[np.ndarray], list[float]]:
-    from harness.engine.conditions import SessionConditions
-
     s = eng.start_session(SessionConditions(prompt="gpu check", seed=seed))
     lat, times = [], []
     for c in range(chunks):
@@ -187,8 +188,6 @@ def _dit_session(eng, chunks: int, seed: int = 5) -> tuple[list[np.ndarray], lis
 
 
 def _gate(a: list[np.ndarray], b: list[np.ndarray]) -> dict:
-    from harness.measure.gates import latent_metrics, latent_passes
-
     m = [latent_metrics(x, y) for x, y in zip(a, b)]
     return {"pass": all(not latent_passes(x) for x in m), "worst_rel_l2": max(x["rel_l2"] for x in m),
             "worst_allclose_excess": max(x["allclose_excess"] for x in m),
@@ -213,9 +212,6 @@ def check_dit(chunks: int = 7, compile_mode: str | None = None, h2a: bool = True
               variants: tuple[str, ...] = ("engine",)) -> dict:
     """Eager, then each compiled variant from scratch (``torch._dynamo.reset``): a first session
     (compilation, CUDA-graph recording), a second one timed and gated against eager."""
-    from harness.engine.dit_engine import DitEngine
-    from harness.engine.groups import RankGroup
-
     eng = DitEngine(_cfg(), group=RankGroup.single(), device=torch.device("cuda"), seed=0)
     out = {"attention": eng.attention_description()}
     eager, t_eager = _dit_session(eng, chunks)
@@ -274,13 +270,6 @@ def check_colocate(chunks: int = 9, mode: str = "compiled") -> dict:
     steady per-chunk wall time of each, side by side in one process, bounds what any sharing
     mechanism (MPS, streams) can reach when both workloads are compute-bound.
     """
-    import threading
-
-    from harness.engine.conditions import SessionConditions
-    from harness.engine.dit_engine import DitEngine
-    from harness.engine.groups import RankGroup
-    from harness.engine.vae_engine import VaeEngine
-
     if chunks < 7:  # steady rounds are 6 … chunks − 1: a saturated DiT chunk and a saturated decode
         raise SystemExit("colocate needs --chunks ≥ 7 (rounds 6 … chunks − 1 are the steady ones)")
     dev = torch.device("cuda")
@@ -351,9 +340,6 @@ def check_colocate(chunks: int = 9, mode: str = "compiled") -> dict:
 # ---- deterministic mode: two launches ----------------------------------------------------------
 def _dit_run(mode: str, chunks: int, save: str) -> None:
     """One launch (a fresh process): the session's latents to ``save`` (.npz)."""
-    from harness.engine.dit_engine import DitEngine
-    from harness.engine.groups import RankGroup
-
     eng = DitEngine(_cfg(mode=mode), group=RankGroup.single(), device=torch.device("cuda"), seed=0)
     lat, times = _dit_session(eng, chunks)
     np.savez(save, *lat)
@@ -362,8 +348,6 @@ def _dit_run(mode: str, chunks: int, save: str) -> None:
 
 
 def check_determinism(chunks: int = 3) -> dict:
-    import tempfile
-
     out = {}
     with tempfile.TemporaryDirectory() as d:
         for mode in ("deterministic", "eager"):
@@ -373,7 +357,7 @@ def check_determinism(chunks: int = 3) -> dict:
                 env = dict(os.environ)
                 if mode == "deterministic":  # what the worker's process_setup does, before CUDA starts
                     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-                subprocess.run([sys.executable, "-m", "harness.experiments.gpu_checks", "dit-run", "--mode", mode,
+                subprocess.run([sys.executable, "-m", "harness", "gpu-checks", "dit-run", "--mode", mode,
                                 "--chunks", str(chunks), "--save", f], check=True, env=env)
                 files.append(np.load(f))
             a, b = files
@@ -385,26 +369,13 @@ def check_determinism(chunks: int = 3) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m harness.experiments.gpu_checks")
-    p.add_argument("check", choices=["output", "vae", "dit", "determinism", "colocate", "dit-run"])
-    p.add_argument("--json", help="also write the report here")
-    p.add_argument("--chunks", type=int)
-    p.add_argument("--compile-mode", help="inductor mode for the compiled DiT/VAE (default: the engine's)")
-    p.add_argument("--no-h2a", action="store_true")
-    p.add_argument("--variants", default="engine", help=f"comma list of compiled variants: {', '.join(VARIANTS)}")
-    p.add_argument("--mode", choices=["eager", "compiled", "deterministic"],
-                   help="dit-run: deterministic (default) or eager; colocate: compiled (default) or eager")
-    p.add_argument("--save")
-    a = p.parse_args(argv)
+def main(a) -> int:
+    """``python -m harness gpu-checks CHECK`` (options in ``cli``: parsing it must not wait for torch)."""
     if not torch.cuda.is_available():
-        print("gpu_checks needs a CUDA device", file=sys.stderr)
-        return 2
+        raise HarnessError(f"gpu-checks {a.check} needs a CUDA device")
     if a.check == "dit-run":
         a.mode = a.mode or "deterministic"
         if a.mode == "deterministic":
-            from harness.workers.common import set_deterministic
-
             set_deterministic()
         _dit_run(a.mode, a.chunks or 3, a.save)
         return 0
@@ -427,6 +398,3 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.json).write_text(text)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

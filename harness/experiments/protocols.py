@@ -18,11 +18,14 @@ from typing import Literal
 import msgspec
 
 from harness.config import HarnessConfig, override
+from harness.drivers.options import launcher_options, parse_hooks, resolve_config
 from harness.drivers.serve import ServeOptions, ServeResult, serve
 from harness.errors import HarnessError
 from harness.measure import figures as F
 from harness.measure import tails
+from harness.measure.headline import run_headline
 from harness.measure.metrics import window_for
+from harness.serving.server import listen_main
 
 ProtocolName = Literal["timing", "long-tail"]
 PROTOCOLS: tuple[str, ...] = ("timing", "long-tail")
@@ -109,3 +112,20 @@ def protocol_lines(summary: dict, top: int = 3) -> list[str]:
     if lt["culprits"]:
         out.append(f"  {F.label('culprits')}: " + ", ".join(f"{k} {v}" for k, v in lt["culprits"].items()))
     return out
+
+
+def main(args) -> int:
+    """``python -m harness serve``: the protocol's sessions from the embedded driver, or — with
+    ``--listen`` — the WebSocket endpoint's sessions from its clients."""
+    if getattr(args, "listen", None):
+        if getattr(args, "launcher", "local") != "local":
+            raise HarnessError("--listen runs on the local launcher only (for now); drop --launcher ray")
+        return listen_main(args)
+    cfg = resolve_config(args)
+    res = run_protocol(args.protocol, cfg, ServeOptions(out=args.out, overwrite=args.overwrite, candidates=tuple(args.candidate),
+                                                        hooks=parse_hooks(args.hooks), progress=not args.no_progress,
+                                                        **launcher_options(args)),
+                       sessions=args.sessions)
+    for line in [*run_headline(res.run_dir, res.summary), *protocol_lines(res.summary)]:
+        print(line)
+    return 0

@@ -7,7 +7,7 @@ Two ways in (``--over``):
 * ``inprocess`` — one launched topology (serve with a session runner) that the scenario drives
   through ``Driver.run_session`` directly, with the file sink; many sessions, one launch.
 * ``websocket`` — a ``serve --listen`` subprocess on loopback (or ``--connect`` to a running one)
-  driven by the bundled client (``harness.client``); server-side figures come from its ``ended``
+  driven by the bundled client (``harness.serving.client``); server-side figures come from its ``ended``
   messages and, when the scenario launched it, from its run directory and /proc.
 
 Every session of a scenario uses the prompt ``scenario seed {seed}``, so two sessions with the same
@@ -545,7 +545,7 @@ def slow_consumer_inprocess(bench: Bench, p: Params) -> Report:
 
 
 def slow_consumer_ws(url: str, p: Params, server: ServerProcess | None = None, preset: str | None = None) -> Report:
-    from harness.client import ViewerOptions, run_session, status
+    from harness.serving.client import ViewerOptions, run_session, status
     from harness.drivers.procwatch import RssSampler
     from harness.measure.events import read_events
 
@@ -823,7 +823,7 @@ async def ended_of(url: str, rep, served_before: int, timeout_s: float = 60.0, t
     """The server's account of a session the client left without waiting for it: the ``last``
     of the first idle status after the server finished one more session than before (another
     connection sees it only with the server's operator token)."""
-    from harness.client import status
+    from harness.serving.client import status
 
     if rep.ended is not None:
         return rep.ended
@@ -837,7 +837,7 @@ async def ended_of(url: str, rep, served_before: int, timeout_s: float = 60.0, t
 
 
 def cancel_ws(url: str, p: Params, server: ServerProcess | None = None) -> Report:
-    from harness.client import ViewerOptions, run_session, status, verify_media
+    from harness.serving.client import ViewerOptions, run_session, status, verify_media
 
     report = Report("cancel", "websocket")
     t0 = time.monotonic()
@@ -1012,7 +1012,7 @@ def crash_inprocess(cfg, p: Params, out_root: Path) -> Report:
 
 
 def crash_ws(serve_args: list[str], p: Params, out_root: Path) -> Report:
-    from harness.client import ViewerOptions, run_session
+    from harness.serving.client import ViewerOptions, run_session
     from harness.drivers.procwatch import DeathWatch, shm_names, wait_gone
 
     report = Report("crash", "websocket")
@@ -1330,8 +1330,8 @@ async def _bad_ws(url: str, p: Params):
     import aiohttp
     from aiohttp import WSMsgType
 
-    from harness.client import ViewerOptions, run_session, status
-    from harness.pipeline import wsproto as W
+    from harness.serving.client import ViewerOptions, run_session, status
+    from harness.serving import protocol as W
 
     rows, problems = [], []
     st = await status(url)
@@ -1469,7 +1469,7 @@ def params_from(args: argparse.Namespace, workdir: Path) -> Params:
 
 
 def main(args: argparse.Namespace) -> int:
-    from harness.cli import resolve_config
+    from harness.drivers.options import resolve_config
     from harness.errors import HarnessError
 
     if args.points == "list":  # the points of the chosen transport; timings are illustrative
@@ -1540,7 +1540,7 @@ def _dispatch(args, cfg, p: Params, out_root: Path) -> Report:
 
 
 def _url(connect: str) -> str:
-    from harness.client import session_url
+    from harness.serving.client import session_url
 
     return session_url(connect)
 

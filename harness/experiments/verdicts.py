@@ -24,6 +24,7 @@ import msgspec
 
 from harness.errors import HarnessError
 from harness.limits import MAX_JSON_BYTES, read_bounded
+from harness.measure.stats import one_launch_reason
 
 
 class Verdict(msgspec.Struct, frozen=True):
@@ -51,8 +52,6 @@ class Verdict(msgspec.Struct, frozen=True):
 
 def apply_launch_rule(v: Verdict) -> Verdict:
     """The same launch rule as every command: fewer than 2 launches per arm is no verdict."""
-    from harness.measure.stats import one_launch_reason
-
     if v.verdict.startswith("no verdict") or one_launch_reason(v.launches, v.launches) is None:
         return v
     return msgspec.structs.replace(v, verdict=f"no verdict: one launch (recorded: {v.verdict})")

@@ -10,14 +10,17 @@ import pytest
 import torch
 
 from harness.cli import main as cli_main
-from harness.experiments import replay as R
+from harness.experiments.replay.backends import Prepared, attn_views, register_backend, unregister_backend
+from harness.experiments.replay.cases import Case, load_cases, synthetic_case, synthetic_cases
+from harness.experiments.replay.reference import REL_L2
+from harness.experiments.replay.runner import replay_cases
 
 CPU_ATTENTION = ("sdpa", "sdpa-flash", "sdpa-math", "flex", "gather", "paged")
 
 
 @pytest.fixture(scope="module")
 def cases(captured):
-    return R.load_cases(captured["dir"])
+    return load_cases(captured["dir"])
 
 
 def _pick(cases, kind, n=None, op=None):
@@ -28,7 +31,7 @@ def _pick(cases, kind, n=None, op=None):
 def test_attention_backends_that_exist_on_cpu_pass_the_fp64_check(cases):
     att = _pick(cases, "attention")
     assert {c.op for c in att} == {"self_attention", "cross_attention"}
-    entries = R.replay_cases(att, device=torch.device("cpu"), warmup=0, repeats=2, log=None)
+    entries = replay_cases(att, device=torch.device("cpu"), warmup=0, repeats=2, log=None)
     for e in entries:
         by = {r["backend"]: r for r in e["results"]}
         for name in CPU_ATTENTION:
@@ -37,7 +40,7 @@ def test_attention_backends_that_exist_on_cpu_pass_the_fp64_check(cases):
                 assert r["status"] == "unsupported" and "block table" in r["reason"]
                 continue
             assert r["status"] == "ok", (e["op_id"], name, r)
-            assert r["check"]["passed"] and r["check"]["rel_l2"] <= R.REL_L2
+            assert r["check"]["passed"] and r["check"]["rel_l2"] <= REL_L2
             assert r["median_ms"] > 0 and len(r["times_ms"]) == 2
         for name in ("sdpa-cudnn", "sdpa-efficient"):
             assert by[name]["status"] == "unsupported" and by[name]["median_ms"] is None and by[name]["reason"]
@@ -46,7 +49,7 @@ def test_attention_backends_that_exist_on_cpu_pass_the_fp64_check(cases):
 
 def test_linear_conv_convert_replay_and_check(cases):
     picked = _pick(cases, "linear", 2) + _pick(cases, "conv", 2) + _pick(cases, "convert", 1)
-    entries = R.replay_cases(picked, device=torch.device("cpu"), warmup=0, repeats=1, log=None)
+    entries = replay_cases(picked, device=torch.device("cpu"), warmup=0, repeats=1, log=None)
     for e in entries:
         oks = [r for r in e["results"] if r["status"] == "ok"]
         assert oks and e["winner"] in {r["backend"] for r in oks}, e
@@ -67,35 +70,35 @@ def test_synthetic_weight_when_the_weight_was_not_captured(cases):
         t.pop("weight"), t.pop("bias", None)
         return t
 
-    case = R.Case(**{**c.__dict__, "meta": meta, "load": load})
-    (e,) = R.replay_cases([case], device=torch.device("cpu"), warmup=0, repeats=1, log=None)
+    case = Case(**{**c.__dict__, "meta": meta, "load": load})
+    (e,) = replay_cases([case], device=torch.device("cpu"), warmup=0, repeats=1, log=None)
     assert e["results"][0]["status"] == "ok"
 
 
 def test_broken_backends_are_failures_with_a_reason_and_no_time(cases):
     def wrong(case, t, device):
-        q = R._attn_views(case, t)["q"]
-        return R.Prepared(lambda: torch.ones_like(q))
+        q = attn_views(case, t)["q"]
+        return Prepared(lambda: torch.ones_like(q))
 
     def raises(case, t, device):
         def boom():
             raise RuntimeError("deliberately broken kernel")
-        return R.Prepared(boom)
+        return Prepared(boom)
 
     def nan(case, t, device):
-        q = R._attn_views(case, t)["q"]
-        return R.Prepared(lambda: torch.full_like(q, float("nan")))
+        q = attn_views(case, t)["q"]
+        return Prepared(lambda: torch.full_like(q, float("nan")))
 
-    R.register_backend("attention", "fake-wrong", wrong, default=False)
-    R.register_backend("attention", "fake-raise", raises, default=False)
-    R.register_backend("attention", "fake-nan", nan, default=False)
+    register_backend("attention", "fake-wrong", wrong, default=False)
+    register_backend("attention", "fake-raise", raises, default=False)
+    register_backend("attention", "fake-nan", nan, default=False)
     try:
         att = _pick(cases, "attention", 2)
-        entries = R.replay_cases(att, device=torch.device("cpu"), backends=["sdpa-math", "fake-wrong", "fake-raise", "fake-nan"],
-                                 warmup=0, repeats=2, log=None)
+        entries = replay_cases(att, device=torch.device("cpu"), backends=["sdpa-math", "fake-wrong", "fake-raise", "fake-nan"],
+                               warmup=0, repeats=2, log=None)
     finally:
         for n in ("fake-wrong", "fake-raise", "fake-nan"):
-            R.unregister_backend("attention", n)
+            unregister_backend("attention", n)
     for e in entries:
         by = {r["backend"]: r for r in e["results"]}
         assert by["sdpa-math"]["status"] == "ok"
@@ -139,7 +142,7 @@ def test_single_runs_one_op_and_lists_its_aten_ops(captured, cases, capsys):
 
 
 def test_synthetic_production_shapes_without_allocating():
-    cases = R.synthetic_cases("lingbot-480x832")
+    cases = synthetic_cases("lingbot-480x832")
     self_ = [c for c in cases if c.op == "self_attention"]
     assert len(self_) == 2 * 2 * 3  # SP × phase × K length
     sp2 = next(c for c in self_ if c.meta["sp"] == 2 and c.shapes["k"][0] == 28080)
@@ -161,9 +164,9 @@ def test_synthetic_tiny_replays_on_cpu(tmp_path):
 
 def test_bf16_inputs_pass_the_threshold_check_on_cpu():
     meta = {"layout": {"q": "shd", "k": "shd", "v": "shd"}, "block_size": 32, "group_blocks": 6, "sp": 1}
-    case = R._synthetic_case("bf16-self", "self_attention", "denoise", meta,
-                             {"q": [96, 4, 64], "k": [288, 4, 64], "v": [288, 4, 64], "block_ids": [9]}, "bfloat16", 3)
-    (e,) = R.replay_cases([case], device=torch.device("cpu"), backends=["sdpa-flash", "sdpa-math", "paged", "flex"],
-                          warmup=0, repeats=1, log=None)
+    case = synthetic_case("bf16-self", "self_attention", "denoise", meta,
+                          {"q": [96, 4, 64], "k": [288, 4, 64], "v": [288, 4, 64], "block_ids": [9]}, "bfloat16", 3)
+    (e,) = replay_cases([case], device=torch.device("cpu"), backends=["sdpa-flash", "sdpa-math", "paged", "flex"],
+                        warmup=0, repeats=1, log=None)
     assert all(r["status"] == "ok" for r in e["results"]), e["results"]
-    assert max(r["check"]["rel_l2"] for r in e["results"]) < R.REL_L2
+    assert max(r["check"]["rel_l2"] for r in e["results"]) < REL_L2

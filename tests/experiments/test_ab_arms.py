@@ -39,6 +39,7 @@ def test_round_order_rotates_every_arm_through_every_slot():
     (["--arm", "f=H6a"], "needs cuda"),
     (["--arm", "c=H2a", "--set", "parallel.sp=2"], "use ab-engine --sp N"),
     (["--arm", "c=H2a", "--json", "no-such-folder/x.json"], "its folder does not exist"),
+    (["--arm", "c=H2a", "--launches", "0"], "--launches must be ≥ 1"),
     (["--arm", "c=H2a", "--set", "runtime.attention=fa3"], "runtime.attention=fa3: FlashAttention-3"),
 ])
 def test_refusals_are_one_line_and_build_nothing(argv, why, capsys, monkeypatch):
@@ -73,3 +74,17 @@ def test_tiny_run_exact_arm_passes_against_shared_baseline(tmp_path, capsys):
     assert arm["verdict"] == "no verdict" and "one launch" in arm["reason"]
     assert set(res["rates"]) == {"A", "cam"} and res["rates"]["A"]["mfu_bf16"] is None  # no peak on the CPU
     assert "cam (H2a): gate exact pass" in capsys.readouterr().out
+
+
+def test_launches_give_each_arm_a_verdict_over_fresh_processes(tmp_path, capsys):
+    out = tmp_path / "arms.json"
+    argv = ["ab-arms", "--device", "cpu", "--arm", "cam=H2a", "--rounds", "1", "--chunks", "6", "--launches", "2"]
+    assert main([*argv, "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    arm = res["arms"]["cam"]
+    assert res["launches"] == 2 and len(res["chunk_ms_by_launch"]) == 2
+    assert [len(s) for s in res["chunk_ms"]["cam"]] == [6, 6]  # one session per round per launch
+    # the gate covers every chunk of both launches, and the interval is taken over the launches
+    assert arm["gate"]["compared"] == 12 and arm["gate"]["passed"]
+    assert arm["launches"] == 2 and arm["ratio"] is not None and "one launch" not in arm["reason"]
+    assert "2 launches × 1 rounds" in capsys.readouterr().out

@@ -124,14 +124,14 @@ def test_capture_reads_are_size_limited(tmp_path, monkeypatch):
     import json
 
     from harness.errors import HarnessError
-    from harness.experiments import replay
+    from harness.experiments.replay.cases import load_cases
     from harness.hooks import capture
 
     rec = {"status": "saved", "kind": "attention", "op": "sdpa", "op_id": "a0", "phase": "denoise", "file": "a0.safetensors",
            "bytes": 10, "tensors": {"q": {"shape": [1], "dtype": "float32"}}}
     (tmp_path / "index.jsonl").write_text(json.dumps(rec) + "\n")
     (tmp_path / "a0.safetensors").write_bytes(b"\0" * 11)
-    (case,) = replay.load_cases(tmp_path, ops=("attention",))
+    (case,) = load_cases(tmp_path, ops=("attention",))
     with pytest.raises(HarnessError, match="a0.safetensors is 11 bytes, the capture index says 10"):
         case.load("cpu")
     monkeypatch.setattr(capture, "MAX_JSON_BYTES", 1024)

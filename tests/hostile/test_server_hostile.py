@@ -16,12 +16,12 @@ import aiohttp
 import pytest
 from aiohttp import WSMsgType
 
-from harness.client import run_session, status
+from harness.serving.client import run_session, status
 from harness.drivers.procwatch import shm_names, wait_gone
 from harness.experiments.scenarios import ServerProcess
 from harness.measure.events import read_events
-from harness.pipeline import wsproto as W
-from harness.pipeline.guards import origin_error
+from harness.serving import protocol as W
+from harness.serving.guards import origin_error
 
 IDLE_S = 2.0
 SEED, CHUNKS = 11, 2
@@ -173,7 +173,7 @@ def test_status_answers_only_the_connection_that_owned_the_session(server):
 def test_an_ack_counts_only_for_media_that_left_the_server():
     """A client acknowledging chunks it has not read (blind acks) gets no credit: the window bounds
     the bytes in flight, since only media the transport took can be acknowledged."""
-    from harness.pipeline.server import _Session
+    from harness.serving.server import _Session
 
     class Conn:
         open, written = True, set()
@@ -207,7 +207,7 @@ def test_a_failure_in_a_sessions_own_code_cancels_that_session_only():
     """A session whose connection raises while the driver forwards its media (or asks its actions)
     records the reason and asks to be cancelled (``should_cancel``, the driver's ordinary cancel
     path); nothing raises into the driver's callbacks."""
-    from harness.pipeline.server import _Session
+    from harness.serving.server import _Session
 
     class BrokenConn:
         open, written = True, set()

@@ -173,7 +173,8 @@ def test_a_killed_actor_is_named_within_bounds_and_nothing_is_left(ray_cluster, 
 
 
 def test_cli_maps_the_ray_options():
-    from harness.cli import build_parser, launcher_options
+    from harness.cli import build_parser
+    from harness.drivers.options import launcher_options
 
     args = build_parser().parse_args(["serve", "--launcher", "ray", "--ray-address", "10.0.0.1:6379",
                                       "--ray-frame-path", "socket", "--ray-cpus-per-rank", "0.5"])

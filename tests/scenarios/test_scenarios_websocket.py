@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.client import status
+from harness.serving.client import status
 from harness.experiments import scenarios as S
 from harness.drivers.procwatch import shm_names, wait_gone
 from harness.measure.events import read_events, read_sessions, validate_events

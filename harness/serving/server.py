@@ -27,18 +27,27 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
-import secrets
 import queue
+import secrets
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import msgspec
+from aiohttp import WSMsgType, web
 
+from harness.config import override
+from harness.drivers.driver import SessionControl
+from harness.drivers.options import parse_hooks, resolve_config
+from harness.drivers.serve import ServeOptions, serve
+from harness.drivers.signals import install as install_stop
+from harness.engine.camera import validate_actions
 from harness.errors import HarnessError
-from harness.pipeline import wsproto as W
-from harness.pipeline.guards import DEFAULT_IDLE_TIMEOUT_S, hardening_options, origin_error, warm_up, write_token
+from harness.limits import session_frames_error
+from harness.measure.headline import run_headline
+from harness.serving import protocol as W
+from harness.serving.guards import DEFAULT_IDLE_TIMEOUT_S, hardening_options, origin_error, warm_up, write_token
 
 PATH = "/session"
 HEALTH_PATH = "/healthz"
@@ -157,8 +166,6 @@ class _Session:
 
     # ---- network thread -----------------------------------------------------------------------
     def put_actions(self, msg: W.Actions) -> str | None:
-        from harness.engine.camera import validate_actions
-
         if msg.chunk >= self.chunks:
             return f"actions for chunk {msg.chunk}, but the session has {self.chunks} chunks (0-{self.chunks - 1})"
         try:
@@ -363,8 +370,6 @@ class StreamServer:
             self._stop_network()
 
     def _run_one(self, ctx, sess: _Session) -> None:
-        from harness.drivers.driver import SessionControl
-
         cfg = ctx.cfg
         idx = self._served
         sess.index = idx
@@ -438,8 +443,6 @@ class StreamServer:
             self.opts.on_listening(*self.address)
 
     async def _bind(self) -> None:
-        from aiohttp import web
-
         app = web.Application()
         app.router.add_get(PATH, self._handle)
         app.router.add_get(HEALTH_PATH, self._health)
@@ -489,16 +492,12 @@ class StreamServer:
 
     async def _health(self, request):
         """Readiness for load balancers: 200 once warm and serving (the port is bound only then), 503 when stopping."""
-        from aiohttp import web
-
         stopping = self._stop.is_set()
         body = {"status": "stopping" if stopping else "ready", "busy": self._active is not None,
                 "sessions_served": self._served, "preset": self.cfg.name if self.cfg else ""}
         return web.json_response(body, status=503 if stopping else 200)
 
     async def _handle(self, request):
-        from aiohttp import WSMsgType, web
-
         refused = origin_error(request.headers.get("Host"), request.headers.get("Origin"), self.address,
                                self.opts.allow_origins)
         if refused:
@@ -598,7 +597,6 @@ class StreamServer:
         if msg.image is not None:
             return self._reject(conn, "conditioning images from clients are not supported yet "
                                       "(a session is conditioned on the synthetic image of its seed)")
-        from harness.limits import session_frames_error
 
         if err := session_frames_error(msg.chunks or cfg.video.chunks_per_session, cfg.video.frames_per_chunk):
             return self._reject(conn, err)  # refused here, not as a dead DiT rank chunks later
@@ -622,14 +620,9 @@ class StreamServer:
 def listen_main(args) -> int:
     """``serve --listen``: launch the topology, serve clients until stopped (SIGTERM/SIGINT) or
     ``--sessions`` sessions have been served, then tear down like any serve."""
-    from harness.cli import parse_hooks, resolve_config
-    from harness.drivers.serve import ServeOptions, serve
-    from harness.drivers.signals import install as install_stop
-
     cfg = resolve_config(args)
     if args.sink not in (None, "stream"):
         raise HarnessError(f"--listen streams each chunk to its client; --sink {args.sink} cannot be used with it")
-    from harness.config import override
 
     cfg = override(cfg, runtime={"sink": "stream"})
     host, port = parse_listen(args.listen, allow_remote=args.allow_remote)
@@ -654,7 +647,6 @@ def listen_main(args) -> int:
                                             "warmup_chunks": lo.warmup_chunks, "idle_timeout_s": lo.idle_timeout_s,
                                             # the media went to the clients (DESIGN §10): media/ stays empty
                                             "media": "client"}))
-    from harness.measure.headline import run_headline
 
     print("\n".join(run_headline(res.run_dir, res.summary)))
     print(f"  sessions served: {len(res.sessions)} ({sum(r.cancelled for r in res.sessions)} cancelled); "

@@ -22,16 +22,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import msgspec
+from aiohttp import WSMsgType
 
+from harness.drivers.trajectory import actions_for
 from harness.errors import HarnessError
-from harness.pipeline import wsproto as W
+from harness.pipeline.decode import decode_pyav
+from harness.serving import protocol as W
+from harness.serving.server import PATH
 
 
 from harness.measure.clock import now  # one clock for every timestamp
@@ -111,8 +117,6 @@ class SessionReport(msgspec.Struct):
 
 
 def _actions(seed: int, chunk: int, frames: int) -> list[str]:
-    from harness.drivers.trajectory import actions_for
-
     return actions_for(seed, chunk, frames)
 
 
@@ -120,8 +124,6 @@ async def run_session(url: str, *, preset: str, seed: int, chunks: int | None = 
                       opts: ViewerOptions | None = None, http=None) -> SessionReport:
     """One session on its own connection, driven as ``opts`` says; never raises for what the
     server answered (busy, errors, a dropped connection): the report says what happened."""
-    import aiohttp
-
     opts = opts or ViewerOptions()
     own = http is None
     http = http or aiohttp.ClientSession()
@@ -136,8 +138,6 @@ async def run_session(url: str, *, preset: str, seed: int, chunks: int | None = 
 
 
 async def _session(ws, *, preset: str, seed: int, chunks: int | None, prompt: str, opts: ViewerOptions) -> SessionReport:
-    from aiohttp import WSMsgType
-
     rep = SessionReport(seed=seed, chunks=chunks or 0, headers=[], receipts_ns=[], errors=[])
     sent_actions: set[int] = set()
     frames_per_chunk = 0
@@ -277,9 +277,6 @@ async def _session(ws, *, preset: str, seed: int, chunks: int | None, prompt: st
 
 
 async def status(url: str, timeout_s: float = 10.0, token: str = "") -> W.Status:
-    import aiohttp
-    from aiohttp import WSMsgType
-
     try:
         async with aiohttp.ClientSession() as http:
             async with http.ws_connect(url, max_msg_size=1 << 20) as ws:
@@ -304,7 +301,6 @@ def session_url(connect: str) -> str:
     host, sep, port = connect.rpartition(":")
     if not sep or not port.isdigit():
         raise HarnessError(f"--connect {connect!r}: expected HOST:PORT")
-    from harness.pipeline.server import PATH
 
     return f"ws://{host or '127.0.0.1'}:{port}{PATH}"
 
@@ -331,10 +327,6 @@ async def run_sessions(url: str, *, sessions: int, seed: int, preset: str | None
 
 def verify_media(rep: SessionReport) -> str | None:
     """None when the written file decodes to exactly the frames the server hashed, in order."""
-    import hashlib
-
-    from harness.pipeline.decode import decode_pyav
-
     if not rep.media_path:
         return "no media file"
     frames = decode_pyav(rep.media_path).frames
@@ -368,22 +360,6 @@ def _f(v, suffix: str = "") -> str:
 
 
 # ---- CLI -----------------------------------------------------------------------------------------
-def add_client_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--connect", required=True, metavar="HOST:PORT", help="the server of serve --listen (or a ws:// URL)")
-    p.add_argument("--sessions", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0, help="session i uses seed + i")
-    p.add_argument("--preset", help="must match the server's (default: ask the server)")
-    p.add_argument("--chunks", type=int, help="chunks per session (default: the server's preset)")
-    p.add_argument("--prompt", default="")
-    p.add_argument("--read-rate", type=float, help="consume at this fraction of the nominal frame rate (slow consumer)")
-    p.add_argument("--prebuffer-frames", type=int, help="frames buffered before playback starts (default: the first chunk)")
-    p.add_argument("--disconnect-after-chunk", type=int, metavar="K", help="drop the connection once chunk K was read")
-    p.add_argument("--cancel-after-chunk", type=int, metavar="K", help="cancel once chunk K was read")
-    p.add_argument("--out", help="write session{S}.mkv and client.json here")
-    p.add_argument("--verify", action="store_true", help="decode each finished file and check every frame's SHA-256")
-    p.add_argument("--busy-wait", type=float, default=60.0, help="seconds to retry while the server is busy")
-
-
 def main(args: argparse.Namespace) -> int:
     for name in ("sessions", "chunks", "prebuffer_frames"):
         v = getattr(args, name)

@@ -11,25 +11,30 @@ fp32 with e4m3 rounding applied only to ``parts`` of q, k, v, p (per-head scales
 P rounded after the row max is subtracted, the row sum kept in fp32, as FA3 does). Against the
 same FP64 reference they answer "what if Q/K stayed bf16" or "what does P's rounding alone cost"
 — choices the FA3 kernel (one dtype for Q, K and V) cannot run.
+
+``register`` adds these rows to the registry of ``backends`` (which does not import this module);
+``runner.load_backends`` calls it.
 """
 
 from __future__ import annotations
 
-from harness.experiments.replay import H1B_ARGS, Prepared, Unsupported, _attn_views, _half, register_backend
+import torch
+
+from harness.engine import fa3
+from harness.engine.fa3 import FP8, quantize_heads
+from harness.experiments.replay.backends import Prepared, Unsupported, attn_views, is_half, register_backend
 
 EMULATIONS = ("v", "qk", "p", "qkv", "qkvp")
 
 
 def _fa3_kernel(name: str):
     def make(case, t: dict, device) -> Prepared:
-        from harness.engine import fa3
-
         why = fa3.unavailable_reason(device)
         if why is not None:
             raise Unsupported(why)
-        if not _half(case) or case.dtype != "bfloat16":
+        if not is_half(case) or case.dtype != "bfloat16":
             raise Unsupported(f"FA3 here is built for bf16 (and e4m3) only, input is {case.dtype}")
-        a = _attn_views(case, t)
+        a = attn_views(case, t)
         fn = fa3.DENSE[name]
         return Prepared(lambda: fn(a["q"], a["k"], a["v"]))
 
@@ -38,10 +43,6 @@ def _fa3_kernel(name: str):
 
 def emulate_fp8_attention(q, k, v, parts: str, smoothed: bool = False, heads_per_step: int = 4):
     """(1, H, S, D) → (1, H, Sq, D) fp32: attention with e4m3 rounding of ``parts`` ⊆ "qkvp"."""
-    import torch
-
-    from harness.engine.fa3 import FP8, quantize_heads
-
     def rt(x, part, shift=False):  # one of q, k, v (token-major) through e4m3, per-head scales
         if part not in parts:  # the shifts are exact: they matter only where e4m3 rounds
             return x.float(), None
@@ -66,23 +67,20 @@ def emulate_fp8_attention(q, k, v, parts: str, smoothed: bool = False, heads_per
 
 def _emulation(parts: str, smoothed: bool):
     def make(case, t: dict, device) -> Prepared:
-        a = _attn_views(case, t)
+        a = attn_views(case, t)
         return Prepared(lambda: emulate_fp8_attention(a["q"], a["k"], a["v"], parts, smoothed))
 
     return make
 
 
 def register() -> None:
+    """The FA3 kernels and the emulations into the replay's registry (again: replaces them)."""
     for name in ("fa3", "fa3-fp8", "fa3-fp8-smooth"):
         register_backend("attention", name, _fa3_kernel(name), needs=("cuda",), default="cuda",
-                         description=f"FlashAttention-3 forward, engine backend {name!r}")
+                         description=f"FlashAttention-3 forward, engine backend {name!r}", h1b="fa3" if name == "fa3" else None)
     for parts in EMULATIONS:
         for smoothed in (False, True):
             name = f"emu-fp8-{parts}" + ("-smooth" if smoothed else "")
             register_backend("attention", name, _emulation(parts, smoothed), default=False,
                              description=f"fp32 emulation, e4m3 rounding of {', '.join(parts)}"
                                          + (" after K/V mean shift" if smoothed else "") + " (times meaningless)")
-    H1B_ARGS["fa3"] = "fa3"
-
-
-register()

@@ -1,8 +1,8 @@
 """Micro-benchmarks of the pipeline primitives (not tests):
 
-    python -m harness.pipeline.bench ring   [--height 480 --width 832 --frames 12 --chunks 60 --slots 4]
-    python -m harness.pipeline.bench encode [--sizes 480x832,704x1280 --backends pyav,ffmpeg --threads 2]
-    python -m harness.pipeline.bench channel [--height 480 --width 832 --frames 12 --chunks 60 --slots 4 --host 127.0.0.1]
+    python -m harness bench-pipeline ring   [--height 480 --width 832 --frames 12 --chunks 60 --slots 4]
+    python -m harness bench-pipeline encode [--sizes 480x832,704x1280 --backends pyav,ffmpeg --threads 2]
+    python -m harness bench-pipeline channel [--height 480 --width 832 --frames 12 --chunks 60 --slots 4 --host 127.0.0.1]
 
 ``ring``: one process writes (T, H, W, 3) uint8 chunks into the ring, another claims and reads
 every byte (a copy out, as an encoder's first pass would), slot refs travel over a typed
@@ -15,16 +15,19 @@ consumer's ring, the consumer claims and reads every byte (the ``ring`` figures 
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
+import secrets
 import statistics
 import time
 
 import msgspec
 import numpy as np
 
+from harness.pipeline.channel import Listener, RingReceiver, RingSender, connect
+from harness.pipeline.encoder import make_encoder
 from harness.pipeline.queues import ProcessQueue
 from harness.pipeline.ring import FrameRing, RingSpec, SlotRef, leftover_segments
+from harness.pipeline.sinks import NullSink
 
 
 def synthetic_chunk(frames: int, height: int, width: int, seed: int = 0, start: int = 0) -> np.ndarray:
@@ -102,8 +105,6 @@ def bench_ring(height: int, width: int, frames: int, chunks: int, slots: int) ->
 
 
 def _channel_producer(prefix: str, slots: int, shape, chunks: int, address, token: str, times: ProcessQueue) -> None:
-    from harness.pipeline.channel import RingSender, connect
-
     ring = FrameRing.create(prefix + "-tx", slots, int(np.prod(shape)))
     conn, _ = connect(address, token)
     sender = RingSender(ring, conn)
@@ -119,10 +120,6 @@ def _channel_producer(prefix: str, slots: int, shape, chunks: int, address, toke
 
 
 def bench_channel(height: int, width: int, frames: int, chunks: int, slots: int, host: str = "127.0.0.1") -> dict:
-    import secrets
-
-    from harness.pipeline.channel import Listener, RingReceiver
-
     shape = (frames, height, width, 3)
     nbytes = int(np.prod(shape))
     ctx = mp.get_context("spawn")
@@ -167,9 +164,6 @@ def bench_channel(height: int, width: int, frames: int, chunks: int, slots: int,
 
 
 def bench_encode(backend: str, height: int, width: int, threads: int, chunks: int, frames: int = 12) -> dict:
-    from harness.pipeline.encoder import make_encoder
-    from harness.pipeline.sinks import NullSink
-
     data = [synthetic_chunk(frames, height, width, seed=i, start=i * frames) for i in range(chunks)]
     enc = make_encoder(backend, width, height, fps=16, threads=threads)
     sink = NullSink()
@@ -189,10 +183,10 @@ def bench_encode(backend: str, height: int, width: int, threads: int, chunks: in
             "MB_per_chunk": sink.bytes_written / chunks / 1e6, "compression": raw / sink.bytes_written}
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m harness.pipeline.bench")
+def add_arguments(ap) -> None:
+    """``bench-pipeline {ring,channel,encode}``: the transport primitives alone, one JSON line per result."""
     sub = ap.add_subparsers(dest="what", required=True)
-    r, c = sub.add_parser("ring"), sub.add_parser("channel")
+    r, c = sub.add_parser("ring", help="shared-memory frame ring"), sub.add_parser("channel", help="frame socket channel")
     for p in (r, c):
         p.add_argument("--height", type=int, default=480)
         p.add_argument("--width", type=int, default=832)
@@ -200,12 +194,14 @@ def main(argv=None) -> None:
         p.add_argument("--chunks", type=int, default=60)
         p.add_argument("--slots", type=int, default=4)
     c.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback by default)")
-    e = sub.add_parser("encode")
+    e = sub.add_parser("encode", help="FFV1 encoders")
     e.add_argument("--sizes", default="480x832,704x1280")
     e.add_argument("--backends", default="pyav,ffmpeg")
     e.add_argument("--threads", default="2", help="comma-separated thread counts")
     e.add_argument("--chunks", type=int, default=4)
-    a = ap.parse_args(argv)
+
+
+def main(a) -> int:
     if a.what == "ring":
         print(msgspec.json.encode(bench_ring(a.height, a.width, a.frames, a.chunks, a.slots)).decode())
     elif a.what == "channel":
@@ -216,7 +212,4 @@ def main(argv=None) -> None:
             for backend in a.backends.split(","):
                 for threads in map(int, a.threads.split(",")):
                     print(msgspec.json.encode(bench_encode(backend, h, w, threads, a.chunks)).decode(), flush=True)
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,0 +1,37 @@
+"""The options of ``serve --listen`` and of ``client``: argparse only, so that parsing a command
+line (and refusing a bad one) never waits for the server's and the client's imports (torch, aiohttp)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_listen_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("network endpoint")
+    g.add_argument("--listen", metavar="HOST:PORT", help="serve clients over WebSocket (ws://HOST:PORT/session); "
+                   "loopback only unless --allow-remote; --sessions then caps the sessions served")
+    g.add_argument("--allow-remote", action="store_true", help="allow --listen on a non-loopback address")
+    g.add_argument("--window", type=int, help="chunks sent to a client and not yet acknowledged (default 2)")
+    g.add_argument("--action-timeout", type=float, help="seconds to wait for a chunk's actions before cancelling (default 10)")
+    g.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="accept WebSocket requests from this Origin too (repeatable; '*' skips the Origin/Host check)")
+    g.add_argument("--idle-timeout", type=float, help="seconds a connection may stay silent without a session (default 30)")
+    g.add_argument("--warmup-chunks", type=int, help="chunks generated before 'listening' (default: a whole session "
+                   "in compiled mode, 1 on CUDA, 0 on CPU)")
+    g.add_argument("--fault", action="append", default=[], help=argparse.SUPPRESS)  # ROLE:RANK=die-at-chunk:N (scenarios)
+
+
+def add_client_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--connect", required=True, metavar="HOST:PORT", help="the server of serve --listen (or a ws:// URL)")
+    p.add_argument("--sessions", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0, help="session i uses seed + i")
+    p.add_argument("--preset", help="must match the server's (default: ask the server)")
+    p.add_argument("--chunks", type=int, help="chunks per session (default: the server's preset)")
+    p.add_argument("--prompt", default="")
+    p.add_argument("--read-rate", type=float, help="consume at this fraction of the nominal frame rate (slow consumer)")
+    p.add_argument("--prebuffer-frames", type=int, help="frames buffered before playback starts (default: the first chunk)")
+    p.add_argument("--disconnect-after-chunk", type=int, metavar="K", help="drop the connection once chunk K was read")
+    p.add_argument("--cancel-after-chunk", type=int, metavar="K", help="cancel once chunk K was read")
+    p.add_argument("--out", help="write session{S}.mkv and client.json here")
+    p.add_argument("--verify", action="store_true", help="decode each finished file and check every frame's SHA-256")
+    p.add_argument("--busy-wait", type=float, default=60.0, help="seconds to retry while the server is busy")
