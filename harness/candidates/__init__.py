@@ -15,10 +15,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal
 
-import torch
-
 from harness.config import HarnessConfig, override
-from harness.engine.fa3 import unavailable_reason as fa3_unavailable_reason
 from harness.errors import HarnessError
 
 Gate = Literal["exact", "threshold", "serving"]
@@ -90,10 +87,16 @@ def _available(need: str, device: str) -> bool:
             return False
         return device == "cuda"
     if need == "fa3":  # the fa3-fwd wheel and a Hopper GPU
-        return device == "cuda" and fa3_unavailable_reason(device) is None
+        from harness.engine.fa3 import unavailable_reason  # torch: see below
+
+        return device == "cuda" and unavailable_reason(device) is None
     if need == "fp8":  # e4m3 GEMMs: CPU, or a GPU of compute capability ≥ 8.9
         if device != "cuda":
             return True
+        # Imported here, not at the top: the command line imports this registry (drivers.options)
+        # to build its parser, and torch would cost every --help about 1.5 s.
+        import torch
+
         return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
     return True
 
