@@ -133,3 +133,14 @@ def test_profile_window_cut_short_still_exports(tmp_path):
     st = active.report()["profile"]
     assert st["state"] == "done" and not st["complete"]
     assert (tmp_path / "profile.json").exists()
+
+
+@pytest.mark.parametrize("command", [["serve"], ["compare", "--candidate", "H2a"]])
+def test_a_bad_hooks_option_is_one_line_and_exit_2_before_anything_starts(tmp_path, capsys, command):
+    from harness.cli import main
+
+    out = tmp_path / "run"
+    assert main([*command, "--hooks", "nvtx,flops", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: unknown hook 'flops' in --hooks (known: nvtx, dispatch, trace, profile, capture)"
+    assert not out.exists()
