@@ -28,10 +28,6 @@ from harness.measure.stages import HANDOFF, STAGE_NAMES, STAGES
 
 SessionKey = tuple[int, int]  # (session, epoch)
 
-#: ``measure.stages``' table under its earlier names here (tests and older callers import them).
-SEGMENTS = STAGES
-SEGMENT_NAMES = STAGE_NAMES
-
 
 class Window(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Which chunks are steady and which epochs are measured (chunk indices from 0, inclusive)."""
