@@ -154,7 +154,7 @@ def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, sessions: int =
     ``candidates``' DiT patches are applied before anything runs; ``kernels`` adds one chunk to
     the first measured session, profiled (``kernel_profile``) and left out of its times."""
     eng, device = dit_engine_for(group, cfg)
-    C.apply_candidates(list(candidates), dit=eng)
+    C.EnginePatches(candidates).apply(dit=eng)
 
     def session(n: int, seed: int, on_latent=None) -> list[float]:
         return timed_session(eng, device, ["W"] * cfg.video.frames_per_chunk, prompt="bench", seed=seed, chunks=n,

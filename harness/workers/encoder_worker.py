@@ -15,8 +15,9 @@ import msgspec
 import numpy as np
 
 from harness.hooks import context as hctx
+from harness.measure.clock import now
 from harness.pipeline import messages as M
-from harness.workers.common import WorkerSpec, now, process_setup, reported_errors
+from harness.workers.common import WorkerSpec, hooks_on, process_setup, reported_errors
 
 
 def main(spec: WorkerSpec, conn) -> None:
@@ -27,15 +28,8 @@ def main(spec: WorkerSpec, conn) -> None:
             from harness.pipeline.ring import FrameRing, RingSpec
 
             ring = FrameRing.attach(msgspec.convert(spec.ring, RingSpec))
-            from harness.hooks import activate
-            from harness.workers.common import write_hook_report
-
-            hooks = activate(spec.hooks, out_dir=spec.run_dir, label="encoder")
-            try:
-                with hooks:
-                    _serve(spec, conn, ring)
-            finally:
-                write_hook_report(spec, hooks)  # after exit: the recorder's totals exist only then
+            with hooks_on(spec, "encoder"):
+                _serve(spec, conn, ring)
     finally:
         if ring is not None:
             ring.close()

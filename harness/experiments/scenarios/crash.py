@@ -16,7 +16,8 @@ from harness.experiments.scenarios.figures import MS, ms
 from harness.experiments.scenarios.params import Params
 from harness.experiments.scenarios.report import Report, check_reaped, reaped_cells
 from harness.experiments.scenarios.server_process import ServerProcess, preset_of
-from harness.experiments.scenarios.topology import now, prompt_for, serve_watched
+from harness.experiments.scenarios.topology import prompt_for, serve_watched
+from harness.measure.clock import now
 from harness.measure.events import EventFormatError, read_events, validate_events
 from harness.serving.client import ViewerOptions, run_session
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from harness.experiments.scenarios.figures import MS
-from harness.experiments.scenarios.topology import now
+from harness.measure.clock import now
 
 
 @dataclass

@@ -7,7 +7,6 @@ import concurrent.futures
 import os
 import queue
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -17,12 +16,9 @@ from harness.drivers.driver import Driver, SessionControl
 from harness.drivers.procwatch import DeathWatch, shm_names, wait_gone
 from harness.drivers.serve import ServeOptions, serve
 from harness.experiments.scenarios.report import Report
+from harness.measure.clock import now
 from harness.pipeline import messages as M
 from harness.pipeline.ring import leftover_segments
-
-
-def now() -> int:
-    return time.monotonic_ns()
 
 
 def prompt_for(seed: int) -> str:
