@@ -5,7 +5,7 @@ import pytest
 from harness.measure import metrics as M
 from harness.measure.events import BOUNDARIES, SessionStart
 
-MS = 1_000_000
+from helpers.events import MS
 
 
 def test_steady_intervals_and_fps(tables):

@@ -7,7 +7,7 @@ from harness.measure import summary as SM
 from harness.measure.events import BOUNDARIES, write_events, write_sessions
 from harness.measure.metrics import Window
 
-MS = 1_000_000
+from helpers.events import MS
 
 
 def test_known_figures(tables):
