@@ -27,10 +27,9 @@ from harness.measure.gates import gate
 from harness.pipeline.decode import decode_ffmpeg, decode_pyav
 from harness.pipeline.ring import leftover_segments
 
+from helpers import REPO
 from helpers.presets import tiny
 from helpers.procs import ignore_sigint, run_segments
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ command line itself, before a run directory, a ring segment or a process exists.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -14,9 +13,10 @@ from harness.drivers.procwatch import children
 from harness.errors import ConfigError
 from harness.limits import MAX_CONFIG_BYTES, ROPE_MAX_FRAMES, estimate_bytes
 
+from helpers import REPO
 from helpers.procs import run_segments
 
-TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
+TINY = REPO / "configs" / "tiny.toml"
 
 # (argv after "serve", what the one line must say)
 BAD_SERVE = [

@@ -21,9 +21,8 @@ from harness.drivers.runstate import claim_out, reap_dead_rings, ring_owner, run
 from harness.drivers.serve import ServeOptions, serve
 from harness.errors import HarnessError, RunFailed
 
+from helpers import REPO
 from helpers.procs import ignore_sigint, wait_for
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _rings_of(pid: int) -> list[str]:
