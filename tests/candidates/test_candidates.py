@@ -14,10 +14,11 @@ import os
 import pytest
 
 from harness import candidates
-from harness.config import load_preset, override
 from harness.drivers.serve import ServeOptions, serve
 from harness.errors import HarnessError
 from harness.measure.gates import gate
+
+from helpers.presets import tiny
 
 SLOW = os.environ.get("HARNESS_SLOW_TESTS") == "1"
 slow = pytest.mark.skipif(not SLOW, reason="compiles with CPU inductor in every rank (minutes); set HARNESS_SLOW_TESTS=1")
@@ -27,17 +28,13 @@ CPU_ARG = {"H1b": "math"}
 SLOW_IDS = {"H3a"}
 
 
-def tiny(**runtime):
-    return override(load_preset("tiny"), runtime={"sessions": 2, **runtime})
-
-
 def _spec(cid: str) -> str:
     return f"{cid}:{CPU_ARG[cid]}" if cid in CPU_ARG else cid
 
 
 def _applies_on_cpu(cid: str) -> bool:
     try:
-        candidates.resolve([_spec(cid)], tiny())
+        candidates.resolve([_spec(cid)], tiny(sessions=2))
     except HarnessError:
         return False
     return True
@@ -45,7 +42,7 @@ def _applies_on_cpu(cid: str) -> bool:
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):
-    return serve(tiny(), ServeOptions(out=str(tmp_path_factory.mktemp("baseline")), progress=False)).run_dir
+    return serve(tiny(sessions=2), ServeOptions(out=str(tmp_path_factory.mktemp("baseline")), progress=False)).run_dir
 
 
 def _params():
@@ -60,7 +57,7 @@ def _params():
 @pytest.mark.parametrize("cid", _params())
 def test_candidate_passes_its_gate(baseline, tmp_path, cid):
     c = candidates.get(cid)
-    res = serve(tiny(), ServeOptions(out=str(tmp_path / cid), candidates=(_spec(cid),), progress=False))
+    res = serve(tiny(sessions=2), ServeOptions(out=str(tmp_path / cid), candidates=(_spec(cid),), progress=False))
     result = gate(baseline, res.run_dir, c.gate)
     assert result.passed, result.verdict
     assert result.n_compared >= 40
@@ -77,10 +74,10 @@ def test_gpu_candidates_are_refused_on_cpu(cid, tmp_path):
     needs = set(c.needs) | set(c.arg_needs.get(CPU_ARG.get(cid, c.default_arg), ()))
     assert "cuda" in needs
     with pytest.raises(HarnessError, match=rf"candidate {cid}\b.*needs (cuda|triton); this run is on cpu"):
-        candidates.resolve([_spec(cid)], tiny())
+        candidates.resolve([_spec(cid)], tiny(sessions=2))
     # and serve refuses before creating anything
     with pytest.raises(HarnessError, match="needs"):
-        serve(tiny(), ServeOptions(out=str(tmp_path / "never"), candidates=(_spec(cid),), progress=False))
+        serve(tiny(sessions=2), ServeOptions(out=str(tmp_path / "never"), candidates=(_spec(cid),), progress=False))
     assert not (tmp_path / "never").exists()
 
 
@@ -99,16 +96,16 @@ def test_every_candidate_is_listed(capsys):
 
 def test_candidate_arguments_are_checked():
     with pytest.raises(HarnessError, match="takes no argument"):
-        candidates.resolve(["H2a:yes"], tiny())
+        candidates.resolve(["H2a:yes"], tiny(sessions=2))
     with pytest.raises(HarnessError, match="takes one of"):
-        candidates.resolve(["H3a:fast"], tiny())
+        candidates.resolve(["H3a:fast"], tiny(sessions=2))
     with pytest.raises(HarnessError, match="H3a:max-autotune-no-cudagraphs .*needs cuda"):
-        candidates.resolve(["H3a:max-autotune-no-cudagraphs"], tiny())
+        candidates.resolve(["H3a:max-autotune-no-cudagraphs"], tiny(sessions=2))
 
 
 @slow
 @pytest.mark.parametrize("mode", ["compiled", "deterministic"])
 def test_served_compiled_modes_pass_the_threshold_gate(baseline, tmp_path, mode):
-    res = serve(tiny(mode=mode), ServeOptions(out=str(tmp_path / mode), progress=False))
+    res = serve(tiny(sessions=2, mode=mode), ServeOptions(out=str(tmp_path / mode), progress=False))
     result = gate(baseline, res.run_dir, "threshold")
     assert result.passed, result.verdict

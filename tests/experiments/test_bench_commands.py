@@ -38,13 +38,3 @@ def test_gpu_checks_refuse_without_cuda(capsys):
     assert main(["gpu-checks", "output"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: gpu-checks output needs a CUDA device"]
-
-
-def test_help_imports_no_command_module_that_needs_torch():
-    """Parsing (and refusing a bad option) must not wait for torch: commands are imported when they run."""
-    import subprocess
-    import sys
-
-    code = "import sys; from harness.cli import build_parser; build_parser(); print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out == "False"

@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from harness.config import load_preset
 
-REPO = Path(__file__).resolve().parents[2]
+from helpers import REPO
 
 
 def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:

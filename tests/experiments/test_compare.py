@@ -14,12 +14,14 @@ from harness.cli import main
 from harness.drivers.procwatch import wait_gone
 from harness.experiments import compare as C
 
+from helpers.procs import run_segments
+
 
 def test_compare_h5a_runs_interleaved_rounds_and_writes_the_gate_and_table(h5a_compare):
     rc, out, workers_left = h5a_compare
     assert rc == 0
     assert wait_gone(workers_left) == []  # every serve reaped its ranks
-    assert not list(Path("/dev/shm").glob(f"harness-{os.getpid()}-*"))
+    assert not run_segments(os.getpid())
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["round0-A", "round0-B", "round1-A", "round1-B"]
     res = json.loads((out / "compare.json").read_text())
     assert res["order"] == "A0 B0 A1 B1" and res["rounds_run"] == 2

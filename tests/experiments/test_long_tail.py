@@ -14,9 +14,9 @@ from harness.measure import metrics as M
 from harness.measure import stages
 from harness.measure import tails
 
-def test_slowest_samples_name_the_stage_that_grew_and_where_the_delay_entered(event_tables):
-    NOMINAL, GAP = event_tables.NOMINAL, event_tables.GAP
-    events, starts = event_tables.table({
+def test_slowest_samples_name_the_stage_that_grew_and_where_the_delay_entered(tables):
+    NOMINAL, GAP = tables.NOMINAL, tables.GAP
+    events, starts = tables.case_d({
         0: {6: {"decode": 500}},            # warm-up: never counted
         1: {2: {"dit": 400}},               # outside the steady window (chunks 5-8): never counted
         2: {6: {"decode": 50}, 8: {"gap": 20}},
@@ -40,10 +40,10 @@ def test_slowest_samples_name_the_stage_that_grew_and_where_the_delay_entered(ev
     assert tails.culprit_counts(slow) == {"dit": 1, "decode": 1, "gap": 1}
 
 
-def test_first_late_ignores_a_delay_inherited_from_the_previous_chunk(event_tables):
+def test_first_late_ignores_a_delay_inherited_from_the_previous_chunk(tables):
     # Closed loop: chunk 5's slow decode makes chunk 6 submitted 50 ms late, so chunk 6's intervals
     # B(6) − B(5) up to decode_start carry +50 ms that chunk 6 did not cause; its own delay is the DiT.
-    events, starts = event_tables.table({2: {5: {"decode": 50}, 6: {"dit": 30}}})
+    events, starts = tables.case_d({2: {5: {"decode": 50}, 6: {"dit": 30}}})
     s = {(x.epoch, x.chunk): x for x in tails.slowest_samples(events, starts, reference="cpu_ready", k=2)}[(2, 6)]
     assert s.excess_ms == pytest.approx(30) and s.grew == "dit"
     assert s.boundaries["submit"].excess_ms == pytest.approx(50)  # inherited
@@ -59,8 +59,8 @@ def test_first_late_threshold_is_inclusive():
     assert tails.first_late(late, 0.0) is None
 
 
-def test_an_encode_stall_is_invisible_at_cpu_ready_but_named_at_delivered(event_tables):
-    events, starts = event_tables.table({2: {6: {"encode": 40}}})
+def test_an_encode_stall_is_invisible_at_cpu_ready_but_named_at_delivered(tables):
+    events, starts = tables.case_d({2: {6: {"encode": 40}}})
     at_cpu = tails.slowest_samples(events, starts, reference="cpu_ready", k=1)
     assert at_cpu[0].excess_ms == pytest.approx(0)  # Case D: encoding is off the cpu_ready path
     assert at_cpu[0].grew is None and at_cpu[0].first_late is None
@@ -69,16 +69,16 @@ def test_an_encode_stall_is_invisible_at_cpu_ready_but_named_at_delivered(event_
     assert at_delivered.grew == "encode" and at_delivered.first_late == "encoded"
 
 
-def test_ties_are_broken_by_run_order_and_k_bounds_the_list(event_tables):
-    events, starts = event_tables.table({})
+def test_ties_are_broken_by_run_order_and_k_bounds_the_list(tables):
+    events, starts = tables.case_d({})
     slow = tails.slowest_samples(events, starts, k=5)
     assert [(s.epoch, s.chunk) for s in slow] == [(1, 5), (1, 6), (1, 7), (1, 8), (2, 5)]
     assert tails.slowest_samples(events, starts, k=0) == []
     assert tails.slowest_samples([], [], k=3) == []
 
 
-def test_tail_summary_percentiles_and_flags(event_tables):
-    events, starts = event_tables.table({2: {6: {"decode": 50}}})
+def test_tail_summary_percentiles_and_flags(tables):
+    events, starts = tables.case_d({2: {6: {"decode": 50}}})
     t = tails.tail_summary(events, starts, k=2, n_boot=200)
     assert set(t.boundaries) == {"cpu_ready", "encoded", "delivered"}
     b = t.boundaries["cpu_ready"]
@@ -97,7 +97,7 @@ def test_window_for_short_sessions():
     assert M.window_for(1) == M.DEFAULT_WINDOW  # no interval exists: every slot reported missing
 
 
-def test_protocol_sessions_and_summary_extra(event_tables):
+def test_protocol_sessions_and_summary_extra(tables):
     cfg = load_preset("tiny")
     assert protocols.protocol_for("timing", cfg).sessions == cfg.runtime.sessions
     lt = protocols.protocol_for("long-tail", cfg)
@@ -110,7 +110,7 @@ def test_protocol_sessions_and_summary_extra(event_tables):
     short = protocols.protocol_for("long-tail", override(cfg, video={"chunks_per_session": 7}), sessions=3)
     assert (short.window_first_chunk, short.window_last_chunk) == (5, 6)
     assert protocols.summary_extra(protocols.protocol_for("timing", cfg)) is None
-    events, starts = event_tables.table({2: {6: {"decode": 50}}})
+    events, starts = tables.case_d({2: {6: {"decode": 50}}})
     extra = protocols.summary_extra(lt)(events, starts, M.DEFAULT_WINDOW)
     assert extra["long_tail"]["slowest"][0]["grew"] == "decode"
     lines = protocols.protocol_lines(extra)

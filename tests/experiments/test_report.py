@@ -42,9 +42,9 @@ def hand_run(d: Path, table, slow) -> Path:
     return d
 
 
-def test_report_renders_every_plot_headless_from_hand_built_runs(tmp_path, event_tables):
-    a = hand_run(tmp_path / "a", event_tables.table, {2: {6: {"decode": 50}}})
-    b = hand_run(tmp_path / "b", event_tables.table, {3: {7: {"dit": 30}}})
+def test_report_renders_every_plot_headless_from_hand_built_runs(tmp_path, tables):
+    a = hand_run(tmp_path / "a", tables.case_d, {2: {6: {"decode": 50}}})
+    b = hand_run(tmp_path / "b", tables.case_d, {3: {7: {"dit": 30}}})
     path = R.write_report([a, b], tmp_path / "out")
     assert path == tmp_path / "out" / "report.md"
     for name in R.PLOTS:
@@ -72,8 +72,8 @@ def test_report_refuses_a_directory_without_events(tmp_path, capsys):
     assert "no events.jsonl" in capsys.readouterr().err
 
 
-def test_figure_data(event_tables):
-    events, starts = event_tables.table({2: {6: {"decode": 50}}})
+def test_figure_data(tables):
+    events, starts = tables.case_d({2: {6: {"decode": 50}}})
     x, y = R.ecdf([3.0, 1.0, 2.0])
     assert x.tolist() == [1.0, 2.0, 3.0] and y.tolist() == pytest.approx([1 / 3, 2 / 3, 1.0])
     stages = R.per_chunk_stages(events, starts, M.DEFAULT_WINDOW)
@@ -94,26 +94,26 @@ def test_figure_data(event_tables):
     assert list(ttfc) == list(M.boundaries_seen(events)) and ttfc["submit"][0] == pytest.approx(10)
 
 
-def test_all_gpu_idle_counts_the_time_no_chunk_has_gpu_work(event_tables):
+def test_all_gpu_idle_counts_the_time_no_chunk_has_gpu_work(tables):
     assert M.uncovered_ns(0, 100, []) == 100
     assert M.uncovered_ns(0, 100, [(10, 30), (20, 40), (90, 200), (-50, 5)]) == 100 - 5 - 30 - 10
-    events, starts = event_tables.table({})
+    events, starts = tables.case_d({})
     sel = M.all_gpu_idle(events, M.DEFAULT_WINDOW, starts)
-    n = event_tables.NOMINAL
+    n = tables.NOMINAL
     # Case D: between two cpu_ready, the GPUs wait for the driver's gap and the hops around the DiT
-    idle = event_tables.GAP + n["dit_queue"] + n["latent_ipc"] + n["decode_wait"] + n["decode_queue"]
+    idle = tables.GAP + n["dit_queue"] + n["latent_ipc"] + n["decode_wait"] + n["decode_queue"]
     assert len(sel.samples) == sel.expected == 3 * 4  # 3 measured sessions × chunks 5-8
-    assert {s.ns for s in sel.samples} == {idle * event_tables.MS}
+    assert {s.ns for s in sel.samples} == {idle * tables.MS}
 
 
-def test_report_against_production(tmp_path, event_tables, capsys):
+def test_report_against_production(tmp_path, tables, capsys):
     import json
 
     import msgspec
 
     from harness.measure import production as P
 
-    events, starts = event_tables.table({})
+    events, starts = tables.case_d({})
     events = [msgspec.structs.replace(e, gpu_ms={"dit": 40.0, "decode": 30.0}) for e in events]
     d = tmp_path / "run"
     d.mkdir()
@@ -133,8 +133,8 @@ def test_report_against_production(tmp_path, event_tables, capsys):
     assert mfu.ours == pytest.approx(4e14 / 0.040 / (800e12 * 4))  # FLOPs / GPU time / (peak × SP ranks)
     assert mfu.advantage == pytest.approx(mfu.ours / 0.49)
     assert rows["vae_mfu"].ours == pytest.approx(1.2e13 / 0.030 / (400e12 * 4))
-    assert rows["handoff_ms"].ours == pytest.approx(event_tables.GAP + 1)
-    seg = event_tables.NOMINAL
+    assert rows["handoff_ms"].ours == pytest.approx(tables.GAP + 1)
+    seg = tables.NOMINAL
     assert rows["vae_segment_ms"].ours == pytest.approx(
         sum(seg[k] for k in ("decode_wait", "decode_queue", "decode", "convert", "d2h")))
     fps = rows["FPS (mean interval) @ cpu_ready"]
@@ -267,7 +267,7 @@ def test_every_figure_of_a_case_d_a_case_e_and_a_server_run_resolves_to_one_defi
         assert_sane_png(tmp_path / "rep" / name)
 
 
-def test_a_long_tail_report_breaks_the_slowest_intervals_down_by_stage(tmp_path, event_tables):
+def test_a_long_tail_report_breaks_the_slowest_intervals_down_by_stage(tmp_path, tables):
     import json
 
     import msgspec
@@ -275,8 +275,8 @@ def test_a_long_tail_report_breaks_the_slowest_intervals_down_by_stage(tmp_path,
     from harness.measure import tails
     from harness.measure.summary import build_summary
 
-    d = hand_run(tmp_path / "lt", event_tables.table, {2: {6: {"decode": 50}}, 3: {7: {"dit": 30}}})
-    events, starts = event_tables.table({2: {6: {"decode": 50}}, 3: {7: {"dit": 30}}})
+    d = hand_run(tmp_path / "lt", tables.case_d, {2: {6: {"decode": 50}}, 3: {7: {"dit": 30}}})
+    events, starts = tables.case_d({2: {6: {"decode": 50}}, 3: {7: {"dit": 30}}})
     summary = msgspec.to_builtins(build_summary(events, starts))
     summary["long_tail"] = msgspec.to_builtins(tails.tail_summary(events, starts, M.DEFAULT_WINDOW, k=3))
     (d / "summary.json").write_text(json.dumps(summary))
@@ -286,7 +286,7 @@ def test_a_long_tail_report_breaks_the_slowest_intervals_down_by_stage(tmp_path,
     (label, rows), = slow.values.items()
     assert [r[0] for r in rows] == ["median chunk", "#1 s2 c6", "#2 s3 c7", "#3 s1 c5"]
     med, first, second = rows[0][1], rows[1][1], rows[2][1]
-    n = event_tables.NOMINAL
+    n = tables.NOMINAL
     assert first["decode"] == n["decode"] + 50 and second["dit"] == n["dit"] + 30 and med["decode"] == n["decode"]
     # Case D: gap + the stages up to cpu_ready tile the interval, so the stack ends on the ◆
     for _, stages, interval in rows:

@@ -17,12 +17,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 B, H, SQ, SKV, D = 1, 8, 96, 224, 64
 
 
-@pytest.fixture(autouse=True)
-def _clean():
-    yield
-    hctx.reset_for_tests()
-
-
 @pytest.mark.parametrize("backend,op", [
     (SDPBackend.FLASH_ATTENTION, "aten._scaled_dot_product_flash_attention.default"),
     (SDPBackend.EFFICIENT_ATTENTION, "aten._scaled_dot_product_efficient_attention.default"),

@@ -41,12 +41,6 @@ def inputs(device, dtype):
             torch.randn(1, 2, 3, 5, 5, device=device, dtype=dtype))
 
 
-@pytest.fixture(autouse=True)
-def _clean_context():
-    yield
-    hctx.reset_for_tests()
-
-
 @pytest.mark.parametrize("device,dtype", [("cpu", torch.float32), ("meta", torch.float32), ("meta", torch.bfloat16)])
 def test_totals_equal_hand_count_and_attention_is_counted_once(tmp_path, device, dtype):
     model = Tiny().to(device=device, dtype=dtype)

@@ -19,16 +19,6 @@ CHUNKS = {"cpu": 7, "cuda": 7, "meta": 4}
 SMALL_WINDOW = {"sink_frames": 3, "window_frames": 9}
 
 
-@pytest.fixture(autouse=True)
-def _clean():
-    # Tiny matrices: one thread is several times faster than two contending ones here.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    hctx.reset_for_tests()
-
-
 def expected_per_step(cfg, kv_tokens):
     """FLOPs of one DiT forward, by category, written from the architecture (DESIGN §2)."""
     m, f = cfg.model, cfg.video.frames_per_chunk

@@ -9,13 +9,6 @@ from harness.hooks import context as hctx
 from harness.hooks import nvtx_ranges
 
 
-@pytest.fixture(autouse=True)
-def _clean():
-    yield
-    nvtx_ranges.disable()
-    hctx.reset_for_tests()
-
-
 def engine_like_loop(chunks=2, steps=5, layers=2):
     """What a worker and the engine do: session → chunk/stage → step → layer → attention core."""
     with hctx.phase(session=1, epoch=1):

@@ -11,15 +11,6 @@ from harness.hooks.active import activate
 from harness.hooks import context as hctx
 
 
-@pytest.fixture(autouse=True)
-def _clean():
-    yield
-    from harness.hooks import nvtx_ranges
-
-    nvtx_ranges.disable()
-    hctx.reset_for_tests()
-
-
 def test_parse_full_string():
     h = parse_hooks("nvtx,dispatch,trace,profile=5:7")
     assert h == HookSet(nvtx=True, dispatch="full", trace=True, profile=(5, 7))

@@ -7,7 +7,8 @@ import pytest
 from harness.hooks import trace as tr
 from harness.measure.events import ChunkEvent
 
-MS = 1_000_000
+from helpers.events import MS, chunk_stamps, frames_of
+
 T0 = 5_000_000_000
 
 # The stages the brief names, with their boundaries, written out here independently of trace.py.
@@ -28,20 +29,11 @@ def chunk_events(session, epoch, n, start, ipc_delay=None, drop=None):
     """Case D timing: each chunk starts 10 ms after the previous one's frames are in host memory."""
     out, t = [], start
     for c in range(n):
-        e = {"session": session, "epoch": epoch, "chunk": c, "frames": 9 if c == 0 else 12}
-        e["submit"] = t
-        e["dit_start"] = t + 1 * MS
-        e["dit_end"] = e["dit_start"] + 100 * MS
-        e["latent_ready"] = e["dit_end"] + 2 * MS
-        e["decode_submit"] = e["latent_ready"] + MS // 2
-        e["decode_start"] = e["decode_submit"] + MS
-        e["decode_end"] = e["decode_start"] + 40 * MS
-        e["gpu_ready"] = e["decode_end"] + 3 * MS
-        e["cpu_ready"] = e["gpu_ready"] + 2 * MS
-        delay = (ipc_delay or {}).get(c, 5 * MS)
-        e["received"] = e["cpu_ready"] + delay
-        e["encoded"] = e["received"] + 20 * MS
-        e["delivered"] = e["encoded"] + 1 * MS
+        # submit → dit_start → dit_end → latent_ready → decode_submit → decode_start → decode_end →
+        # gpu_ready → cpu_ready → received → encoded → delivered
+        gaps = [1 * MS, 100 * MS, 2 * MS, MS // 2, MS, 40 * MS, 3 * MS, 2 * MS, (ipc_delay or {}).get(c, 5 * MS),
+                20 * MS, 1 * MS]
+        e = {"session": session, "epoch": epoch, "chunk": c, "frames": frames_of(c), **chunk_stamps(t, gaps)}
         t = e["cpu_ready"] + 10 * MS
         for b in (drop or {}).get(c, ()):
             del e[b]

@@ -4,7 +4,6 @@ command line itself, before a run directory, a ring segment or a process exists.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,10 @@ from harness.drivers.procwatch import children
 from harness.errors import ConfigError
 from harness.limits import MAX_CONFIG_BYTES, ROPE_MAX_FRAMES, estimate_bytes
 
-TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
+from helpers import REPO
+from helpers.procs import run_segments
+
+TINY = REPO / "configs" / "tiny.toml"
 
 # (argv after "serve", what the one line must say)
 BAD_SERVE = [
@@ -47,13 +49,13 @@ BAD_SERVE = [
 def test_bad_serve_options_are_one_line_exit_2_before_anything_starts(argv, why, tmp_path, capsys):
     out = tmp_path / "run"
     kids = set(children(os.getpid()))
-    shm = set(os.listdir("/dev/shm"))
+    shm = run_segments(os.getpid())
     assert cli.main(["serve", "--out", str(out), *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and why in err and "\n" not in err, err
     assert not out.exists()  # refused before the run directory
     assert set(children(os.getpid())) <= kids
-    assert {n for n in os.listdir("/dev/shm") if n.startswith(f"harness-{os.getpid()}-")} - shm == set()
+    assert run_segments(os.getpid()) - shm == set()
 
 
 @pytest.mark.parametrize("command", [["bench-engine"], ["ab-engine", "--candidate", "H1a"]])

@@ -21,18 +21,8 @@ from harness.drivers.runstate import claim_out, reap_dead_rings, ring_owner, run
 from harness.drivers.serve import ServeOptions, serve
 from harness.errors import HarnessError, RunFailed
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _ignore_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _wait_for(pred, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+from helpers import REPO
+from helpers.procs import ignore_sigint, wait_for
 
 
 def _rings_of(pid: int) -> list[str]:
@@ -41,7 +31,7 @@ def _rings_of(pid: int) -> list[str]:
 
 def _start(out: Path, *extra: str, new_group: bool = False) -> subprocess.Popen:
     argv = [sys.executable, "-m", "harness", "serve", "--preset", "tiny", "--no-progress", "--out", str(out), *extra]
-    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_ignore_sigint,
+    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ignore_sigint,
                             start_new_session=new_group, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
@@ -75,9 +65,9 @@ def _stop_one(out: Path, sig: signal.Signals, extra: list[str], when: str) -> St
     proc = _start(out, *extra, new_group=sig == signal.SIGKILL)
     try:
         if when == "mid-run":
-            _wait_for(lambda: _events(out) >= 1, 240, "the first chunk")
+            wait_for(lambda: _events(out) >= 1, 240, "the first chunk")
         elif when == "start-up":
-            _wait_for(lambda: (out / "manifest.json").exists(), 120, "the manifest")
+            wait_for(lambda: (out / "manifest.json").exists(), 120, "the manifest")
         else:
             assert proc.stdout.readline().decode().startswith("listening on ws://127.0.0.1:")
         workers = descendants(proc.pid)
@@ -106,7 +96,7 @@ def stopped(tmp_path_factory) -> dict[str, Stopped | BaseException]:
 
     def run(case: str) -> Stopped:
         if case.startswith("SIGKILL"):
-            _wait_for(lambda: all((root / c / "manifest.json").exists() or futures[c].done() for c in STOPS), 240,
+            wait_for(lambda: all((root / c / "manifest.json").exists() or futures[c].done() for c in STOPS), 240,
                       "the other cases' manifests")
         return _stop_one(root / case, *CASES[case])
 

@@ -4,7 +4,6 @@ every figure field of ``summary.json`` is in it, and the README reproduces it.""
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -13,7 +12,9 @@ from harness.measure import figures as F
 from harness.measure import summary as SM
 from harness.measure import tails as T
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+from helpers import REPO
+
+README = REPO / "README.md"
 
 
 def test_every_label_resolves_to_its_own_figure_and_nothing_else():

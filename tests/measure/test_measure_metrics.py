@@ -6,7 +6,7 @@ from harness.measure import metrics as M
 from harness.measure.events import BOUNDARIES, SessionStart
 from harness.measure.stages import STAGE_NAMES, STAGES
 
-MS = 1_000_000
+from helpers.events import MS
 
 
 def test_steady_intervals_and_fps(tables):

@@ -8,7 +8,7 @@ from harness.drivers.rundir import write_json
 from harness.measure.events import BOUNDARIES, read_run, write_events, write_sessions
 from harness.measure.metrics import Window
 
-MS = 1_000_000
+from helpers.events import MS
 
 
 def test_known_figures(tables):

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.drivers.procwatch import alive, descendants, is_worker
 from harness.drivers.runstate import ring_owner
 from harness.experiments.scenarios import ServerProcess
 
+from helpers.procs import live_workers
+
 
 def workers() -> set[int]:
-    return {p for p in descendants(os.getpid()) if is_worker(p) and alive(p)}
+    return set(live_workers(os.getpid(), recursive=True))
 
 
 def shm() -> set[str]:

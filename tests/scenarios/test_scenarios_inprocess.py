@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import json
 
-from harness.config import load_preset, override
 from harness.experiments import scenarios as S
 from harness.measure.events import read_sessions
 
-
-def tiny(**runtime):
-    return override(load_preset("tiny"), runtime=runtime)
+from helpers.presets import tiny
 
 
 def test_slow_consumer_and_cancel_share_one_topology(tmp_path):

@@ -12,7 +12,7 @@ from harness.errors import HarnessError
 from harness.hooks import DEFAULT_CAPTURE_BUDGET, HookSet, parse_hooks
 from harness.hooks.capture import load_capture, read_index, sha256
 
-from capture_helpers import capture_run
+from helpers.capture import capture_run
 
 
 @pytest.mark.parametrize("spec,budget,canonical", [

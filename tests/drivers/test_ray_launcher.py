@@ -30,21 +30,19 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'harn
 from harness.config import load_preset, override  # noqa: E402
 from harness.drivers.launcher import RankFailed  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
-from harness.drivers.procwatch import alive, wait_gone  # noqa: E402
+from harness.drivers.procwatch import alive, descendants, wait_gone  # noqa: E402
 from harness.drivers.serve import ServeOptions, serve  # noqa: E402
 from harness.measure.events import BOUNDARIES, read_events, validate_events  # noqa: E402
 from harness.measure.gates import gate  # noqa: E402
 from harness.pipeline.decode import decode_pyav  # noqa: E402
 from harness.pipeline.ring import leftover_segments  # noqa: E402
 
+from helpers.presets import tiny  # noqa: E402
+from helpers.procs import run_segments  # noqa: E402
+
 HEAD, OTHER = "127.0.0.1", "127.0.0.2"
 CPUS = {HEAD: 1, OTHER: 3}  # logical CPUs (the machine has 2 cores)
 RAY = {"cpus_per_rank": 0.25}  # encoder + VAE rank 0 fit on the head (pinned there), the rest spill over
-
-
-def tiny(**kw):
-    video = {"chunks_per_session": kw.pop("chunks")} if "chunks" in kw else {}
-    return override(load_preset("tiny"), runtime=kw, video=video)
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +166,7 @@ def test_a_killed_actor_is_named_within_bounds_and_nothing_is_left(ray_cluster, 
     events = read_events(tmp_path / "events.jsonl")
     assert len(events) >= 1 and validate_events(events) == []
     assert wait_gone(seen["pids"], 10) == []
-    assert not list(Path("/dev/shm").glob(f"harness-{os.getpid()}-*"))
+    assert not run_segments(os.getpid())
     assert _resources_back()
 
 
@@ -185,7 +183,7 @@ def test_cli_maps_the_ray_options():
 
 # ---- helpers ------------------------------------------------------------------------------------
 def _check_sessions(run_dir: Path, sessions, chunks: int) -> None:
-    """What tests/serve checks of a local run: frames per chunk, media decoding to exactly the saved
+    """What tests/drivers/test_serve.py checks of a local run: frames per chunk, media decoding to exactly the saved
     (or hashed) pixels, every boundary present, ordered, FIFO per session."""
     cfg = load_preset("tiny")
     hashes = _jsonl(run_dir / "outputs" / "hashes.jsonl")
@@ -222,27 +220,10 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().split(")")[-1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
 def _ray_processes(root: int) -> list[int]:
     """Ray's daemons and workers under ``root`` (not, e.g., multiprocessing's resource tracker)."""
     out = []
-    for pid in _descendants(root):
+    for pid in descendants(root):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:

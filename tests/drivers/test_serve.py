@@ -18,20 +18,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.config import load_preset, override
+from harness.config import load_preset
 from harness.drivers.launcher import RankFailed
-from harness.drivers.procwatch import children, is_worker, wait_gone
+from harness.drivers.procwatch import children, wait_gone, workers_of
 from harness.drivers.serve import ServeOptions, serve
 from harness.measure.events import BOUNDARIES, read_events, validate_events
 from harness.measure.gates import gate
 from harness.pipeline.decode import decode_ffmpeg, decode_pyav
 from harness.pipeline.ring import leftover_segments
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def tiny(**runtime):
-    return override(load_preset("tiny"), runtime=runtime)
+from helpers import REPO
+from helpers.presets import tiny
+from helpers.procs import ignore_sigint, run_segments
 
 
 @pytest.fixture(scope="module")
@@ -151,13 +149,9 @@ def test_worker_error_reaps_everything_and_keeps_the_run_directory(tmp_path):
     assert man["status"] == "failed" and "vae rank 1" in man["error"]
     events = read_events(tmp_path / "events.jsonl")
     assert len(events) >= 1 and validate_events(events) == []
-    pids = [p for p in children(os.getpid()) if is_worker(p)]
+    pids = workers_of(os.getpid())
     assert wait_gone(pids) == []
-    assert not list(Path("/dev/shm").glob(f"harness-{os.getpid()}-*"))
-
-
-def _ignore_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # what a background job of a non-interactive shell inherits
+    assert not run_segments(os.getpid())
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
@@ -166,7 +160,7 @@ def test_a_stop_signal_reaps_every_process_and_segment_even_with_sigint_ignored_
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", "serve", "--sessions", "20", "--out", str(tmp_path), "--no-progress"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        preexec_fn=_ignore_sigint,
+        preexec_fn=ignore_sigint,
     )
     try:
         deadline = time.monotonic() + 120
@@ -190,7 +184,7 @@ def test_a_stop_signal_reaps_every_process_and_segment_even_with_sigint_ignored_
     assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], err[-2000:]
     assert err.decode().strip().splitlines()[-1] == f"interrupted (stopped by {signal.Signals(sig).name})"
     assert wait_gone(workers) == []
-    assert not list(Path("/dev/shm").glob(f"harness-{proc.pid}-*"))
+    assert not run_segments(proc.pid)
     man = json.loads((tmp_path / "manifest.json").read_text())
     assert man["status"] == "interrupted"
 

@@ -4,6 +4,7 @@ HARNESS_REQUIRE_VLLM=1 (CI), where a missing or wrong install is a failure, not 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -24,8 +25,8 @@ def extra() -> None:
 @pytest.fixture(scope="session")
 def lingbot(extra):
     """vLLM-Omni's LingBot modules on the CPU platform, imported once per test session (30-60 s).
-    This directory sorts last in the suite, so whatever vLLM changes at import (it patches
-    inductor, for one) cannot reach the other tests of a whole-suite run."""
+    This directory's tests run last (``pytest_collection_modifyitems`` below), so whatever vLLM
+    changes at import (it patches inductor, for one) cannot reach the other tests of a whole-suite run."""
     return compat.import_lingbot()
 
 
@@ -35,3 +36,10 @@ def omni_dist(lingbot):
     compat.init_distributed()
     yield
     compat.shutdown_distributed()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """Moves this directory's tests after every other test (a stable sort: each keeps its order)."""
+    here = Path(__file__).parent
+    items.sort(key=lambda item: item.path.is_relative_to(here))

@@ -16,6 +16,7 @@ from harness.experiments.replay.reference import REL_L2
 from harness.experiments.replay.runner import replay_cases
 
 CPU_ATTENTION = ("sdpa", "sdpa-flash", "sdpa-math", "flex", "gather", "paged")
+pytestmark = pytest.mark.usefixtures("one_thread", "hooks_reset")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,6 @@
-"""The in-process tiny capture shared by the capture and replay tests (see conftest.py)."""
+"""One in-process capture of the tiny preset (DiT at SP 1, VAE on one rank, the uint8 conversion),
+shared by the capture hook's and replay's tests: the engines run exactly as the workers run them,
+under ``activate(...)``, without the cost of launching five processes."""
 
 from __future__ import annotations
 
@@ -7,18 +9,17 @@ from pathlib import Path
 import torch
 
 from harness.config import load_preset, override
+from harness.engine.convert import to_uint8
+from harness.engine.dit_engine import DitEngine, SessionConditions
+from harness.engine.groups import RankGroup
+from harness.engine.vae_engine import VaeEngine
+from harness.hooks.active import activate
 from harness.hooks import context as hctx
 
 CHUNKS = 3  # K grows 96 → 192 → 288: three self-attention signatures per phase
 
 
 def capture_run(out: Path, hooks: str, *, sessions: int = 2, chunks: int = CHUNKS) -> dict:
-    from harness.engine.convert import to_uint8
-    from harness.engine.dit_engine import DitEngine, SessionConditions
-    from harness.engine.groups import RankGroup
-    from harness.engine.vae_engine import VaeEngine
-    from harness.hooks.active import activate
-
     cfg = override(load_preset("tiny"), parallel={"sp": 1, "vae_ranks": 1})
     cpu = torch.device("cpu")
     dit = DitEngine(cfg, group=RankGroup.single(), device=cpu, seed=0)

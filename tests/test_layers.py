@@ -1,0 +1,177 @@
+"""The import structure the README's "What is here" shows: layers whose arrows point one way.
+
+Every import of a harness module — at module level or inside a function — is an arrow. An arrow
+may point into the importer's own package or to a lower layer, never up and never between two
+sibling packages of one layer; and no set of modules imports itself round (a circle). An import
+inside a function must say why it is not at the top (start-up time, an optional dependency, a
+process that must configure itself first) in a comment on its line or the line above.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "harness"
+
+#: top to bottom: (layer, the packages or top-level modules in it); the packages of one layer do not
+#: import each other, the top-level modules of one layer form one unit
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("commands", ("cli", "__main__")),
+    ("experiments", ("experiments",)),
+    ("serving", ("serving",)),
+    ("drivers", ("drivers",)),
+    ("workers", ("workers",)),
+    ("candidates", ("candidates",)),
+    ("engine, pipeline", ("engine", "pipeline")),
+    ("hooks", ("hooks",)),
+    ("measure", ("measure",)),
+    ("config", ("config", "limits", "errors", "")),  # "": the harness package's own __init__
+]
+UNITS = {"commands": "commands", "config": "config"}  # layers whose modules are one unit
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for p in ROOT.rglob("*.py"):
+        parts = ["harness", *p.relative_to(ROOT).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def _targets(mod: str, is_pkg: bool, node: ast.AST, known: dict[str, Path]) -> list[str]:
+    """The harness modules an import statement binds (``from harness import x`` → harness.x)."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            pkg = mod.split(".") if is_pkg else mod.split(".")[:-1]
+            pkg = pkg[: len(pkg) - (node.level - 1)]
+            base = ".".join([*pkg, *([node.module] if node.module else [])])
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+    return sorted({n for n in names if n in known})
+
+
+def arrows() -> list[tuple[str, str, bool, int, Path]]:
+    """(importer, imported, inside a function, line, file) for every import of a harness module."""
+    known, out = modules(), []
+    for mod, path in known.items():
+        tree = ast.parse(path.read_text())
+        top = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for t in _targets(mod, path.name == "__init__.py", node, known):
+                    if t != mod:
+                        out.append((mod, t, id(node) not in top, node.lineno, path))
+    return out
+
+
+def layer_of(mod: str) -> tuple[int, str]:
+    """(height of the module's layer, the unit within it that may import itself)."""
+    parts = mod.split(".")
+    head = parts[1] if len(parts) > 1 else ""
+    for i, (layer, names) in enumerate(LAYERS):
+        if head in names:
+            return len(LAYERS) - i, UNITS.get(layer, head)
+    raise AssertionError(f"{mod}: a package the layer table does not know; add it to LAYERS and the README")
+
+
+def wrong_way(importer: str, imported: str) -> str | None:
+    (li, pi), (lt, pt) = layer_of(importer), layer_of(imported)
+    if lt > li:
+        return "upward"
+    if lt == li and pi != pt:
+        return "sideways"
+    return None
+
+
+def circles(edges: list[tuple[str, str]]) -> list[list[str]]:
+    """Strongly connected sets of more than one module (Tarjan, iterative)."""
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set())
+    index, low, on, stack, found, counter = {}, {}, set(), [], [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            for w in it:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == v:
+                            break
+                    if len(comp) > 1:
+                        found.append(sorted(comp))
+    return found
+
+
+def test_every_arrow_points_down():
+    bad = sorted({f"{a} → {b} ({why}, {p.relative_to(ROOT.parent)}:{line})"
+                  for a, b, _, line, p in arrows() if (why := wrong_way(a, b))})
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_no_import_circle():
+    found = circles([(a, b) for a, b, *_ in arrows()])
+    assert not found, "import circles:\n" + "\n".join(" ⇄ ".join(c) for c in found)
+
+
+def test_imports_inside_functions_say_why():
+    silent = []
+    for path in ROOT.rglob("*.py"):
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines))
+        top = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top and not _guarded(tree, node):
+                here = lines[node.lineno - 1]
+                above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+                if "#" not in here and not above.startswith("#"):
+                    silent.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: {here.strip()}")
+    assert not silent, "imports inside functions without a comment saying why:\n" + "\n".join(silent)
+
+
+def _guarded(tree: ast.AST, node: ast.AST) -> bool:
+    """An import under ``try`` (an optional dependency probed for) explains itself."""
+    for t in ast.walk(tree):
+        if isinstance(t, ast.Try) and any(node is n for b in t.body for n in ast.walk(b)):
+            return True
+    return False
+
+
+def test_the_checks_catch_what_they_guard():
+    """The rules are not vacuous: an upward, a sideways and a circular arrow are each caught."""
+    assert wrong_way("harness.measure.stats", "harness.engine.dit") == "upward"
+    assert wrong_way("harness.engine.dit", "harness.pipeline.ring") == "sideways"
+    assert wrong_way("harness.experiments.compare", "harness.measure.stats") is None
+    assert wrong_way("harness.engine.dit", "harness.engine.kvcache") is None
+    assert wrong_way("harness.config", "harness.limits") is None and wrong_way("harness.__main__", "harness.cli") is None
+    assert circles([("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")]) == [["a", "b", "c"]]
+    assert circles([("a", "b"), ("b", "c")]) == []
