@@ -2,7 +2,7 @@
 
 The conventions are production's (vLLM-Omni's LingBot-World serving, which follows SGLang's
 LingBot adapter), so a client that drives production drives the harness the same way and the
-model is conditioned on the same rays (tests/vllm_omni checks this against vLLM-Omni's own code):
+model is conditioned on the same rays (tests/engine/omni checks this against vLLM-Omni's own code):
 
 * actions: one per latent frame, the keys held during that frame from w a s d (move forward /
   left / back / right) and i j k l (pitch up / yaw left / pitch down / yaw right). A frame is
