@@ -36,6 +36,7 @@ from aiohttp import WSMsgType
 from harness.drivers.trajectory import actions_for
 from harness.errors import HarnessError
 from harness.pipeline.decode import decode_pyav
+from harness.pipeline.sinks import ensure_writable_dir
 from harness.serving import protocol as W
 from harness.serving.server import PATH
 
@@ -371,8 +372,6 @@ def main(args: argparse.Namespace) -> int:
     url = session_url(args.connect)
     out = Path(args.out) if args.out else None
     if out is not None:
-        from harness.pipeline.sinks import ensure_writable_dir
-
         ensure_writable_dir(out)
     opts = ViewerOptions(read_rate=args.read_rate, prebuffer_frames=args.prebuffer_frames, out_dir=out,
                          disconnect_at=None if args.disconnect_after_chunk is None else f"chunk:{args.disconnect_after_chunk}",
