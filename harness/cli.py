@@ -16,22 +16,13 @@ import sys
 
 from harness.drivers.options import add_serve_options, add_set_option
 from harness.drivers.signals import install as install_signals
-from harness.errors import EXIT_FAIL, EXIT_USAGE, HarnessError, RunFailed
+from harness.errors import HarnessError, report
 from harness.experiments.pipeline_bench import add_arguments as add_pipeline_bench_arguments
 from harness.experiments.replay import add_replay_arguments
 from harness.experiments.scenarios import add_scenario_arguments
-from harness.serving.options import add_client_arguments, add_listen_options
+from harness.serving.options import add_client_arguments, add_serve_command
 
 MODES = ["eager", "compiled", "deterministic"]
-
-
-def _serve(p: argparse.ArgumentParser) -> None:
-    add_serve_options(p)
-    p.add_argument("--protocol", choices=["timing", "long-tail"], default="timing",
-                   help="timing: 1 warm-up + measured sessions; long-tail: 1 warm-up + 250 sessions (unless --sessions) "
-                        "and the slowest samples broken down by stage")
-    p.add_argument("--overwrite", action="store_true", help="clear an existing run directory at --out first")
-    add_listen_options(p)
 
 
 def _engine_options(p: argparse.ArgumentParser) -> None:
@@ -134,7 +125,7 @@ def _no_options(p: argparse.ArgumentParser) -> None:
 
 #: name → (help, the function adding its options, the module and function that run it)
 COMMANDS: dict[str, tuple[str, object, str]] = {
-    "serve": ("serve the DiT/VAE topology end to end and write a run directory", _serve,
+    "serve": ("serve the DiT/VAE topology end to end and write a run directory", add_serve_command,
               "harness.experiments.protocols:main"),
     "bench-engine": ("time the engine alone: DiT per chunk/forward, VAE decode, FLOPs and MFU", _bench_engine,
                      "harness.experiments.bench_engine:main"),
@@ -187,9 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return dispatch(args.fn, args)
     except HarnessError as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"error: {msg}", file=sys.stderr)
-        return EXIT_FAIL if isinstance(e, RunFailed) else EXIT_USAGE
+        return report(e)
     except KeyboardInterrupt as e:
         print(f"interrupted ({e})" if str(e) else "interrupted", file=sys.stderr)
         return 128 + getattr(e, "signum", 2)

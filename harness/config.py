@@ -9,12 +9,14 @@ bad shape is a one-line error before any process starts.
 from __future__ import annotations
 
 import math
+import tomllib
 from pathlib import Path
 from typing import Literal
 
 import msgspec
 
 from harness.errors import ConfigError
+from harness.limits import check_required, check_shapes, read_config_bytes
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -221,7 +223,6 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
                         f"on GPUs, not run here); this config has sp = {p.sp}: add --sp 1"),
             (cfg.runtime.device == "cpu", "engine.backend vllm-omni is verified on CPU only (--device cpu)"),
         ]
-    from harness.limits import check_shapes
 
     check_shapes(cfg)  # sizes first: a negative or absurd dimension is named as such, not as a divisibility
     for ok, msg in checks:
@@ -247,8 +248,6 @@ def renamed_hint(section: str, name: str) -> str:
 
 def load_config(path: str | Path) -> HarnessConfig:
     """A TOML config, read with a size limit; shape fields must be spelled out (limits.REQUIRED_FIELDS)."""
-    from harness.limits import check_required, read_config_bytes
-
     path = Path(path)
     raw = read_config_bytes(path)
     try:
@@ -296,8 +295,6 @@ def apply_sets(cfg: HarnessConfig, sets: list[str] | tuple[str, ...]) -> Harness
     """``--set section.field=value`` overrides (value as a TOML literal, else a bare string),
     e.g. ``model.num_layers=4`` for a full-width, shallow model in a quick GPU check. The result
     is decoded and validated like a config file, so a wrong type is refused with one line."""
-    import tomllib
-
     if not sets:
         return cfg
     d = to_dict(cfg)

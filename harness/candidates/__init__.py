@@ -3,7 +3,8 @@
 The shape follows torchtitan's model converters: each candidate is one module exposing a
 ``CANDIDATE`` object; the registry resolves ids (refusing unknown ids, conflicts and unmet
 requirements with one-line errors), applies the configuration part in the driver before launch,
-and the engine part inside each worker, in a fixed order. ``revert`` undoes an engine patch.
+and the engine part inside each worker (``EnginePatches``), both in registry order. Every engine
+patch returns its revert; the container keeps them and can undo all of them, last first.
 
 An id may carry an argument after a colon, e.g. ``H1b:cudnn``.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterable, Literal
 
 from harness.config import HarnessConfig, override
 from harness.errors import HarnessError
@@ -81,17 +82,19 @@ def _available(need: str, device: str) -> bool:
         return device == "cuda"
     if need == "triton":
         try:
-            import triton  # noqa: F401
+            import triton  # noqa: F401  — optional (CUDA extra): only whether it imports matters
         except ImportError:
             return False
         return device == "cuda"
     if need == "fa3":  # the fa3-fwd wheel and a Hopper GPU
-        from harness.engine.fa3 import unavailable_reason
+        from harness.engine.fa3 import unavailable_reason  # torch: see below
 
         return device == "cuda" and unavailable_reason(device) is None
     if need == "fp8":  # e4m3 GEMMs: CPU, or a GPU of compute capability ≥ 8.9
         if device != "cuda":
             return True
+        # Imported here, not at the top: the command line imports this registry (drivers.options)
+        # to build its parser, and torch would cost every --help about 1.5 s.
         import torch
 
         return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
@@ -134,18 +137,52 @@ def configure(specs, cfg: HarnessConfig) -> HarnessConfig:
     return cfg
 
 
-def apply_candidates(specs, *, dit=None, vae=None, output=None) -> list[str]:
-    """Apply engine patches inside a worker; returns the ids applied there."""
-    applied = []
-    for spec in specs:
-        cid, arg = split_id(spec)
-        c = get(cid)
-        arg = arg or c.default_arg
-        for target, patch in ((dit, c.patch_dit), (vae, c.patch_vae), (output, c.patch_output)):
-            if target is not None and patch is not None:
-                patch(target, arg)
-                applied.append(cid)
-    return applied
+class EnginePatches:
+    """The engine patches of a candidate list inside one worker (torchtitan's model-converter
+    container): applied in registry order (``MODULES``) whatever order the user gave, every revert
+    kept, ``revert()`` undoes them all in reverse order.
+
+    A patch that raises takes back the patches applied before it, so a worker is never left
+    half-patched; a patch that returns no revert is a broken candidate and is refused."""
+
+    def __init__(self, specs: Iterable[str]):
+        pairs = []
+        for spec in specs:
+            cid, arg = split_id(spec)
+            c = get(cid)
+            pairs.append((c, arg or c.default_arg))
+        order = {cid: i for i, cid in enumerate(MODULES)}
+        self.chosen: list[tuple[Candidate, str]] = sorted(pairs, key=lambda p: order[p[0].id])
+        #: (candidate id, revert), in the order the patches were applied
+        self.reverts: list[tuple[str, Callable[[], None]]] = []
+
+    def apply(self, *, dit: Any = None, vae: Any = None, output: Any = None) -> list[str]:
+        """Patch the given targets; returns the candidate id of every patch applied, in order."""
+        try:
+            for c, arg in self.chosen:
+                for target, patch in ((dit, c.patch_dit), (vae, c.patch_vae), (output, c.patch_output)):
+                    if target is not None and patch is not None:
+                        revert = patch(target, arg)
+                        if not callable(revert):
+                            raise TypeError(f"candidate {c.id}: its patch returned {revert!r}, not a revert function")
+                        self.reverts.append((c.id, revert))
+        except BaseException:
+            self.revert()
+            raise
+        return [cid for cid, _ in self.reverts]
+
+    def revert(self) -> None:
+        """Undo every applied patch, last first (each revert runs even when an earlier one fails;
+        the first failure is raised after all have run)."""
+        first: BaseException | None = None
+        while self.reverts:
+            _, revert = self.reverts.pop()
+            try:
+                revert()
+            except BaseException as e:  # noqa: BLE001 — re-raised below, after the other reverts
+                first = first or e
+        if first is not None:
+            raise first
 
 
 def set_runtime(cfg: HarnessConfig, **fields) -> HarnessConfig:

@@ -7,7 +7,7 @@ from harness.candidates import Candidate
 
 
 def _patch(out, arg: str):
-    from harness.engine import fused_convert
+    from harness.engine import fused_convert  # needs triton, an optional CUDA-only dependency
 
     before = out.convert
     out.convert = fused_convert.to_uint8

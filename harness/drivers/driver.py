@@ -26,13 +26,10 @@ from typing import Callable
 from harness.config import HarnessConfig
 from harness.drivers.launcher import LocalLauncher, RankFailed
 from harness.drivers.trajectory import actions_for
+from harness.measure.clock import now
 from harness.measure.events import ChunkEvent, SessionStart
 from harness.measure.gates import save_latent
 from harness.pipeline import messages as M
-
-
-def now() -> int:
-    return time.monotonic_ns()
 
 
 @dataclass

@@ -116,6 +116,3 @@ def launcher_options(args: argparse.Namespace) -> dict:
     return {"launcher": "ray", "launcher_options": {"address": args.ray_address, "frame_path": args.ray_frame_path,
                                                     "cpus_per_rank": args.ray_cpus_per_rank}}
 
-
-def parse_hooks(text: str) -> tuple[str, ...]:
-    return tuple(h.strip() for h in text.split(",") if h.strip())

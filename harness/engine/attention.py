@@ -28,6 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from harness.engine import fa3
 from harness.errors import HarnessError
+from harness.hooks import registries
 
 DenseFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 
@@ -172,6 +173,9 @@ def _register_fa3() -> None:
 
 
 _register_fa3()
+# The hooks' capture wraps these tables' entries while it is on (engine → hooks, never back).
+registries.lend_attention("dense", DENSE)
+registries.lend_attention("kv_path", KV_PATHS)
 
 
 def check_backend(name: str, device: str) -> None:

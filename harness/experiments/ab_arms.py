@@ -36,7 +36,14 @@ from harness.drivers.options import base_config
 from harness.engine.attention import check_backend
 from harness.engine.groups import RankGroup, run_ranks
 from harness.errors import HarnessError
-from harness.experiments.bench_engine import count_steady_flops, dit_engine_for, measure_peak_tflops, steady_chunk_index, timed_session
+from harness.experiments.bench_engine import (
+    count_steady_flops,
+    dit_engine_for,
+    measure_peak_tflops,
+    steady_chunk_index,
+    timed_session,
+    warmup_chunks,
+)
 from harness.experiments.compare import gate_kind
 from harness.experiments.engine_ab import EngineArm, engine_switches, judge_gated, latent_bytes, session_actions
 from harness.experiments.kernel_profile import ProfileChunk
@@ -109,7 +116,7 @@ def _launch(group: RankGroup, cfg: HarnessConfig, arms: dict[str, list[str]], sw
     warm = {}
     if cfg.runtime.mode != "eager":  # compilation and CUDA-graph recording of every arm's graphs
         for name in state:
-            warm[name] = session(name, 10_000, min(3, chunks))
+            warm[name] = session(name, 10_000, warmup_chunks(chunks))
     times, lats, profiles, order = {n: [] for n in state}, {n: [] for n in state}, {}, []
     for r in range(rounds):
         for name in round_order(list(state), r):

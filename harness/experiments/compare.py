@@ -44,11 +44,12 @@ import msgspec
 
 from harness.candidates import configure, get, resolve, split_id
 from harness.config import HarnessConfig, to_dict, upgrade_recorded
-from harness.drivers.options import parse_hooks, resolve_config
+from harness.drivers.options import resolve_config
 from harness.drivers.rundir import REPO_ROOT, write_json
 from harness.drivers.runstate import refuse_unfinished
 from harness.drivers.serve import ServeOptions, serve
 from harness.errors import EXIT_FAIL, HarnessError
+from harness.hooks import parse_hooks
 from harness.experiments.protocols import protocol_for, serve_options
 from harness.limits import MAX_JSON_BYTES, read_bounded
 from harness.measure import metrics as M
@@ -753,7 +754,7 @@ def main(args) -> int:
         cfg = resolve_config(args)
         out = Path(args.out) if args.out else default_out(args.candidate or ["none"])
         res = run_compare(cfg, args.baseline, args.candidate, rounds=args.rounds, out=out,
-                          hooks=parse_hooks(args.hooks), progress=not args.no_progress,
+                          hooks=parse_hooks(args.hooks).items(), progress=not args.no_progress,
                           until_resolved=args.until_resolved, max_rounds=args.max_rounds, margin=args.margin)
     j, md = write_outputs(out, res)
     for line in summary_lines(res):

@@ -37,7 +37,7 @@ from harness.config import HarnessConfig, override
 from harness.drivers.options import base_config
 from harness.engine.groups import RankGroup, run_ranks
 from harness.errors import HarnessError
-from harness.experiments.bench_engine import dit_engine_for, steady_chunk_index, timed_session
+from harness.experiments.bench_engine import dit_engine_for, steady_chunk_index, timed_session, warmup_chunks
 from harness.experiments.compare import gate_kind
 from harness.limits import check_chunks_option
 from harness.measure import stats as S
@@ -129,7 +129,7 @@ def _rank(group: RankGroup, cfg: HarnessConfig, specs: list[str], switches: dict
 
     if cfg.runtime.mode != "eager":  # compilation and CUDA-graph recording, for both arms' paths
         for arm in ("A", "B"):
-            session(arm, 10_000, min(3, chunks))
+            session(arm, 10_000, warmup_chunks(chunks))
     out = {"A": [], "B": [], "latents": {"A": [], "B": []}, "order": arm_order(pairs)}
     for i, arm in enumerate(out["order"]):
         times, lat = session(arm, seed=i // 2, n=chunks)

@@ -18,9 +18,10 @@ from typing import Literal
 import msgspec
 
 from harness.config import HarnessConfig, override
-from harness.drivers.options import launcher_options, parse_hooks, resolve_config
+from harness.drivers.options import launcher_options, resolve_config
 from harness.drivers.serve import ServeOptions, ServeResult, serve
 from harness.errors import HarnessError
+from harness.hooks import parse_hooks
 from harness.measure import figures as F
 from harness.measure import tails
 from harness.measure.headline import run_headline
@@ -123,7 +124,7 @@ def main(args) -> int:
         return listen_main(args)
     cfg = resolve_config(args)
     res = run_protocol(args.protocol, cfg, ServeOptions(out=args.out, overwrite=args.overwrite, candidates=tuple(args.candidate),
-                                                        hooks=parse_hooks(args.hooks), progress=not args.no_progress,
+                                                        hooks=parse_hooks(args.hooks).items(), progress=not args.no_progress,
                                                         **launcher_options(args)),
                        sessions=args.sessions)
     for line in [*run_headline(res.run_dir, res.summary), *protocol_lines(res.summary)]:

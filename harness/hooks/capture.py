@@ -23,9 +23,9 @@ later, smaller signatures may still be saved — a greedy fill in first-seen ord
 tensor files count towards the budget, not the index.
 
 How the ops are reached without touching the engine: attention through wrappers put around every
-entry of ``attention.DENSE`` and ``attention.KV_PATHS`` while the hook is on (the engine looks
-the names up at every forward, so the wrappers are picked up and the originals come back on
-exit); linears, convolutions and the conversion input through a ``TorchFunctionMode``; the phase
+entry of the tables the engine lends to ``hooks.registries`` (``attention.DENSE`` and
+``attention.KV_PATHS``) while the hook is on (the engine looks the names up at every forward, so
+the wrappers are picked up and the originals come back on exit); linears, convolutions and the conversion input through a ``TorchFunctionMode``; the phase
 (session, chunk, step, layer, role) through ``context``. The conversion's input is the first
 (3, T, H, W) float tensor any torch function sees inside a ``stage="convert"`` scope.
 
@@ -57,8 +57,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from harness.engine import attention as A
-from harness.hooks import context
+from safetensors import safe_open
+from safetensors.torch import load_file, save
+
+from harness.hooks import context, registries
 from harness.limits import MAX_JSON_BYTES, read_bounded
 
 #: Linear weights up to this size are saved with the input (the tiny preset's all are; the full
@@ -150,7 +152,8 @@ class CaptureRecorder(TorchFunctionMode):
             raise RuntimeError("a capture recorder is already active in this process")
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        for registry, wrap in ((A.DENSE, self._wrap_dense), (A.KV_PATHS, self._wrap_kv)):
+        for kind, wrap in (("dense", self._wrap_dense), ("kv_path", self._wrap_kv)):
+            registry = registries.ATTENTION.get(kind, {})
             for name, fn in list(registry.items()):
                 w = wrap(name, fn)
                 registry[name] = w
@@ -334,8 +337,6 @@ class CaptureRecorder(TorchFunctionMode):
                               "left_bytes": left, "budget": self.budget})
                 self.skipped.append(op_id)
                 return
-            from safetensors.torch import save
-
             tensors, meta = build()
             blob = save(tensors, metadata={"op_id": op_id, "op": op, "meta": json.dumps(meta)})
             if len(blob) > left:
@@ -403,9 +404,6 @@ def read_index(run_dir: str | Path) -> list[dict]:
 
 def load_capture(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """Tensors and metadata of one capture file."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
     tensors = load_file(str(path))
     with safe_open(str(path), framework="pt") as f:
         md = f.metadata() or {}

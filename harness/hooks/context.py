@@ -45,6 +45,8 @@ import contextlib
 import contextvars
 from typing import Any, NamedTuple, Protocol
 
+import torch
+
 
 class Phase(NamedTuple):
     session: int | None = None
@@ -86,19 +88,14 @@ def _never() -> bool:
     return False
 
 
-_compiling = _never  # torch.compiler.is_compiling once a hook is on (no torch import before)
+_compiling = _never  # torch.compiler.is_compiling once a hook is on
 
 
 def _refresh() -> None:
     global ACTIVE, _compiling
     ACTIVE = bool(_listeners) or _trackers > 0
     if ACTIVE and _compiling is _never:
-        try:
-            import torch
-
-            _compiling = torch.compiler.is_compiling
-        except (ImportError, AttributeError):
-            pass
+        _compiling = torch.compiler.is_compiling
 
 
 def add_listener(listener: Listener) -> None:

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+from harness.errors import HarnessError
 from harness.hooks import context
 
 DOMAIN = "harness"
@@ -64,10 +65,8 @@ class NvtxBackend:
 
     def __init__(self, domain: str = DOMAIN):
         try:
-            import nvtx
+            import nvtx  # optional at run time: only this hook needs it, and it says how to get it
         except ImportError:
-            from harness.errors import HarnessError
-
             raise HarnessError("the nvtx hook needs the 'nvtx' package (pip install nvtx)") from None
 
         self._domain = nvtx.get_domain(domain)

@@ -8,7 +8,8 @@ Layout: one process (pid, ``process_name``) per process of the topology — driv
 VAE rank 0, encoder — and inside it one thread track per stage (``thread_name``). A stage whose
 slices overlap across chunks (a queue that let the next chunk in before this one left) gets more
 lanes (``ipc #2``), because the format requires slices on one track to nest. Each present stage
-of a chunk is one complete ("X") slice named after the stage (so Perfetto's per-name aggregation
+of a chunk is one complete ("X") slice named after the stage (``measure.stages``: the same name
+means the same interval in ``summary.json`` and the report; Perfetto's per-name aggregation
 gives per-stage totals), with session/epoch/chunk/frames and
 the raw ns boundaries in ``args`` (plus ``gpu_ms`` / ``blocked_ns`` of the event when keyed by
 the stage's name); a stage with a missing boundary has no slice. A flow
@@ -22,32 +23,25 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
-#: stage → (start boundary, end boundary), in data-flow order.
-STAGES: dict[str, tuple[str, str]] = {
-    "submit": ("submit", "dit_start"),
-    "dit": ("dit_start", "dit_end"),
-    "latent": ("dit_end", "latent_ready"),
-    "decode_queue": ("latent_ready", "decode_submit"),
-    "decode_send": ("decode_submit", "decode_start"),
-    "decode": ("decode_start", "decode_end"),
-    "convert": ("decode_end", "gpu_ready"),
-    "d2h": ("gpu_ready", "cpu_ready"),
-    "ipc": ("cpu_ready", "received"),
-    "encode": ("received", "encoded"),
-    "sink": ("encoded", "delivered"),
-}
+from harness.hooks.spec import path_bytes
+from harness.measure.events import read_events
+from harness.measure.stages import HANDOFF as HANDOFF_STAGE
+from harness.measure.stages import INTERVALS
+
+#: stage → (start boundary, end boundary), in data-flow order (``measure.stages``).
+STAGES: dict[str, tuple[str, str]] = INTERVALS
 #: Case D's handoff: frames of chunk i−1 in host memory → DiT starts chunk i (same session).
-HANDOFF = "handoff"
+HANDOFF = HANDOFF_STAGE.name
 
 #: stage → process track; the order of first appearance is the display order.
 DEFAULT_PROCESSES: dict[str, str] = {
-    "submit": "driver",
+    "dit_queue": "driver",
     "handoff": "driver",
-    "latent": "driver",
+    "latent_ipc": "driver",
+    "decode_wait": "driver",
     "decode_queue": "driver",
-    "decode_send": "driver",
     "ipc": "driver",
     "dit": "dit rank 0",
     "decode": "vae rank 0",
@@ -58,6 +52,14 @@ DEFAULT_PROCESSES: dict[str, str] = {
 }
 FLOW_STAGES: tuple[str, ...] = ("dit", "decode", "encode")
 _KEYS = ("session", "epoch", "chunk", "frames")
+_BOUNDARY_NAMES = frozenset(b for pair in STAGES.values() for b in pair)
+
+
+class _Slice(NamedTuple):
+    stage: str
+    start: int
+    end: int
+    event: Any
 
 
 def _get(event: Any, key: str) -> Any:
@@ -71,8 +73,96 @@ def _us(t: int, t0: int) -> float:
 
 
 def _boundaries(event: Any) -> dict[str, int]:
-    names = {b for pair in STAGES.values() for b in pair}
-    return {b: int(t) for b in names if (t := _get(event, b)) is not None}
+    return {b: int(t) for b in _BOUNDARY_NAMES if (t := _get(event, b)) is not None}
+
+
+def _stage_slices(table: list[tuple[Any, dict[str, int]]], pmap: Mapping[str, str | None], handoff: bool) -> list[_Slice]:
+    """Every present stage of every chunk that has a track, plus the handoffs between chunks."""
+    slices: list[_Slice] = []
+    prev_by_session: dict[tuple, tuple[Any, dict[str, int]]] = {}
+    for e, b in table:
+        for stage, (start, end) in STAGES.items():
+            if pmap.get(stage) and start in b and end in b:
+                slices.append(_Slice(stage, b[start], b[end], e))
+        skey = (_get(e, "session"), _get(e, "epoch"))
+        prev = prev_by_session.get(skey)
+        # Handoff only where it is an interval: in Case E the next DiT starts before the frames land.
+        if handoff and pmap.get(HANDOFF) and prev is not None and _get(prev[0], "chunk") == (_get(e, "chunk") or 0) - 1:
+            a, z = prev[1].get(HANDOFF_STAGE.start), b.get(HANDOFF_STAGE.end)
+            if a is not None and z is not None and z >= a:
+                slices.append(_Slice(HANDOFF, a, z, e))
+        prev_by_session[skey] = (e, b)
+    return slices
+
+
+def _process_meta(proc_order: list[str]) -> list[dict[str, Any]]:
+    meta = []
+    for pid, p in enumerate(proc_order, 1):
+        meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": p}})
+        meta.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
+    return meta
+
+
+def _slice_args(s: _Slice) -> dict[str, Any]:
+    e = s.event
+    args = {k: _get(e, k) for k in _KEYS if _get(e, k) is not None}
+    args.update(start_ns=s.start, end_ns=s.end)
+    if _get(e, "cancelled"):
+        args["cancelled"] = True
+    for field in ("gpu_ms", "blocked_ns"):  # per-stage measurements keyed by stage name
+        v = (_get(e, field) or {}).get(s.stage)
+        if v is not None:
+            args[field] = v
+    return args
+
+
+class _Lanes:
+    """Thread tracks per stage: a slice goes to the first lane of its stage that is free by its
+    start, or to a new lane (``stage #2``…), because slices on one track must nest."""
+
+    def __init__(self, pid_of: dict[str, int]):
+        self.pid_of = pid_of
+        self.tid_next = dict.fromkeys(pid_of, 1)
+        self.ends: dict[str, list[int]] = {}  # stage → end time of each lane's last slice
+        self.tid: dict[tuple[str, int], int] = {}  # (stage, lane) → tid
+        self.meta: list[dict[str, Any]] = []
+
+    def place(self, s: _Slice, proc: str) -> tuple[int, int]:
+        pid = self.pid_of[proc]
+        ends = self.ends.setdefault(s.stage, [])
+        lane = next((i for i, last in enumerate(ends) if last <= s.start), None)
+        if lane is None:
+            lane = len(ends)
+            ends.append(s.end)
+            tid = self.tid_next[proc]
+            self.tid_next[proc] += 1
+            self.tid[(s.stage, lane)] = tid
+            name = s.stage if lane == 0 else f"{s.stage} #{lane + 1}"
+            self.meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+            self.meta.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+        else:
+            ends[lane] = s.end
+        return pid, self.tid[(s.stage, lane)]
+
+
+def _flows(n_events: int, placed: dict[tuple[int, str], tuple[int, int, float]]) -> list[dict[str, Any]]:
+    """One flow per chunk through its ``FLOW_STAGES`` slices (chunks with fewer than two have none)."""
+    flows: list[dict[str, Any]] = []
+    flow_id = 0
+    for i in range(n_events):
+        chain = [placed[(i, s)] for s in FLOW_STAGES if (i, s) in placed]
+        if len(chain) < 2:
+            continue
+        flow_id += 1
+        for j, (pid, tid, ts) in enumerate(chain):
+            ph = "s" if j == 0 else ("f" if j == len(chain) - 1 else "t")
+            # Same cat/pid/tid/ts as the slice: Chrome DevTools binds a flow point to the event
+            # equal in all four; Perfetto binds it to the enclosing slice.
+            ev = {"ph": ph, "name": "chunk", "cat": "stage", "id": flow_id, "pid": pid, "tid": tid, "ts": ts}
+            if ph == "f":
+                ev["bp"] = "e"  # bind to the enclosing slice, not the next one
+            flows.append(ev)
+    return flows
 
 
 def build_trace(
@@ -84,100 +174,36 @@ def build_trace(
     """The trace as a JSON-ready dict. ``events``: ``ChunkEvent`` structs or dicts with the same
     keys. ``processes`` overrides the stage → process map (a stage mapped to ``None`` or missing
     from both maps is left out)."""
-    pmap = dict(DEFAULT_PROCESSES)
-    if processes:
-        pmap.update(processes)
+    pmap = {**DEFAULT_PROCESSES, **(processes or {})}
     events = sorted(events, key=lambda e: (_get(e, "epoch") or 0, _get(e, "session") or 0, _get(e, "chunk") or 0))
     table = [(e, _boundaries(e)) for e in events]
     all_ts = [t for _, b in table for t in b.values()]
     t0 = min(all_ts) if all_ts else 0
 
-    # (stage, start_ns, end_ns, event) for every present stage, plus handoffs.
-    slices: list[tuple[str, int, int, Any]] = []
-    prev_by_session: dict[tuple, tuple[Any, dict[str, int]]] = {}
-    for e, b in table:
-        for stage, (start, end) in STAGES.items():
-            if pmap.get(stage) and start in b and end in b:
-                slices.append((stage, b[start], b[end], e))
-        skey = (_get(e, "session"), _get(e, "epoch"))
-        prev = prev_by_session.get(skey)
-        # Handoff only where it is an interval: in Case E the next DiT starts before the frames land.
-        if handoff and pmap.get(HANDOFF) and prev is not None and _get(prev[0], "chunk") == (_get(e, "chunk") or 0) - 1:
-            a, z = prev[1].get("cpu_ready"), b.get("dit_start")
-            if a is not None and z is not None and z >= a:
-                slices.append((HANDOFF, a, z, e))
-        prev_by_session[skey] = (e, b)
-
-    # Processes and stage lanes, in the map's order.
-    proc_order: list[str] = []
-    for stage in list(pmap):
-        p = pmap[stage]
-        if p and p not in proc_order:
-            proc_order.append(p)
-    pid_of = {p: i + 1 for i, p in enumerate(proc_order)}
+    proc_order = list(dict.fromkeys(p for p in pmap.values() if p))  # the map's order
+    lanes = _Lanes({p: i + 1 for i, p in enumerate(proc_order)})
     stage_order = {s: i for i, s in enumerate([*STAGES, HANDOFF])}
-    lane_tid: dict[tuple[str, int], int] = {}  # (stage, lane) → tid
-    tid_next: dict[str, int] = {p: 1 for p in proc_order}
-    lane_ends: dict[str, list[int]] = {}  # stage → end time of each lane's last slice
-    out: list[dict[str, Any]] = []
-    placed: dict[tuple[int, str], tuple[int, int, float, float]] = {}  # (event idx, stage) → (pid, tid, ts, dur)
-    meta: list[dict[str, Any]] = []
-    for p in proc_order:
-        meta.append({"ph": "M", "name": "process_name", "pid": pid_of[p], "tid": 0, "args": {"name": p}})
-        meta.append({"ph": "M", "name": "process_sort_index", "pid": pid_of[p], "tid": 0, "args": {"sort_index": pid_of[p]}})
-
     index_of = {id(e): i for i, (e, _) in enumerate(table)}
-    slices.sort(key=lambda s: (stage_order[s[0]], s[1], s[2]))
-    for stage, start, end, e in slices:
-        proc = pmap[stage]
-        pid = pid_of[proc]
-        ends = lane_ends.setdefault(stage, [])
-        lane = next((i for i, last in enumerate(ends) if last <= start), None)
-        if lane is None:
-            lane = len(ends)
-            ends.append(end)
-            tid = tid_next[proc]
-            tid_next[proc] += 1
-            lane_tid[(stage, lane)] = tid
-            name = stage if lane == 0 else f"{stage} #{lane + 1}"
-            meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
-            meta.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
-        else:
-            ends[lane] = end
-        tid = lane_tid[(stage, lane)]
-        args = {k: _get(e, k) for k in _KEYS if _get(e, k) is not None}
-        args.update(start_ns=start, end_ns=end)
-        if _get(e, "cancelled"):
-            args["cancelled"] = True
-        for field in ("gpu_ms", "blocked_ns"):  # per-stage measurements keyed by stage name
-            v = (_get(e, field) or {}).get(stage)
-            if v is not None:
-                args[field] = v
-        ts, dur = _us(start, t0), (end - start) / 1000.0
-        out.append({"ph": "X", "name": stage, "cat": "stage", "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args})
-        placed[(index_of[id(e)], stage)] = (pid, tid, ts, dur)
-
-    flows: list[dict[str, Any]] = []
-    flow_id = 0
-    for i, (e, _) in enumerate(table):
-        chain = [placed[(i, s)] for s in FLOW_STAGES if (i, s) in placed]
-        if len(chain) < 2:
-            continue
-        flow_id += 1
-        for j, (pid, tid, ts, _dur) in enumerate(chain):
-            ph = "s" if j == 0 else ("f" if j == len(chain) - 1 else "t")
-            # Same cat/pid/tid/ts as the slice: Chrome DevTools binds a flow point to the event
-            # equal in all four; Perfetto binds it to the enclosing slice.
-            ev = {"ph": ph, "name": "chunk", "cat": "stage", "id": flow_id, "pid": pid, "tid": tid, "ts": ts}
-            if ph == "f":
-                ev["bp"] = "e"  # bind to the enclosing slice, not the next one
-            flows.append(ev)
+    out: list[dict[str, Any]] = []
+    placed: dict[tuple[int, str], tuple[int, int, float]] = {}  # (event idx, stage) → (pid, tid, ts)
+    for s in sorted(_stage_slices(table, pmap, handoff), key=lambda s: (stage_order[s.stage], s.start, s.end)):
+        pid, tid = lanes.place(s, pmap[s.stage])
+        ts, dur = _us(s.start, t0), (s.end - s.start) / 1000.0
+        out.append({"ph": "X", "name": s.stage, "cat": "stage", "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": _slice_args(s)})
+        placed[(index_of[id(s.event)], s.stage)] = (pid, tid, ts)
 
     return {
-        "traceEvents": meta + out + flows,
+        "traceEvents": _process_meta(proc_order) + lanes.meta + out + _flows(len(table), placed),
         "displayTimeUnit": "ms",
         "otherData": {"generator": "harness.hooks.trace", "t0_ns": t0, "chunks": len(table)},
     }
+
+
+def trace_report(path: Path, n_events: int, build_ns: int) -> dict[str, Any]:
+    """The driver's hook report (``spec.DRIVER_REPORT``): the trace it built after the run."""
+    return {"requested": ["trace"], "label": "driver",
+            "trace": {"file": path.name, "chunks": n_events, "build_ms": build_ns / 1e6},
+            "files": {path.name: path_bytes(path)}, "overhead_ms": {"trace_after_run": build_ns / 1e6}}
 
 
 def write_trace(events: Iterable[Any], path: str | Path, processes: Mapping[str, str] | None = None, **kw: Any) -> dict[str, Any]:
@@ -285,10 +311,5 @@ def slices(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def load_events(path: str | Path) -> Sequence[Any]:
-    """``events.jsonl`` as ChunkEvents when the schema module is importable, else as dicts."""
-    try:
-        from harness.measure.events import read_events
-
-        return read_events(path, tolerate_partial_tail=True)
-    except ImportError:
-        return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """``events.jsonl`` as ChunkEvents (a partial last line, from a killed run, is left out)."""
+    return read_events(path, tolerate_partial_tail=True)

@@ -34,9 +34,9 @@ _TABLE: tuple[Figure, ...] = (
     # ---- what a row is about ------------------------------------------------------------
     Figure(name="boundary", label="boundary", unit="—", where="events.BOUNDARIES",
            formula="the timestamp (DESIGN §4) the row's figures are measured at"),
-    Figure(name="stage", label="stage", unit="—", where="metrics.SEGMENTS",
+    Figure(name="stage", label="stage", unit="—", where="stages.STAGES",
            formula="a segment between two consecutive boundaries; the segments tile submit → delivered"),
-    Figure(name="span", label="from → to", unit="—", where="metrics.SEGMENTS",
+    Figure(name="span", label="from → to", unit="—", where="stages.STAGES",
            formula="the two boundaries that open and close the stage"),
     Figure(name="blocked_stage", label="blocked stage", unit="—", where="metrics.blocked_time",
            formula="the producer that waited on a full queue or ring slot"),

@@ -9,6 +9,7 @@ Selection rules shared by every figure here:
   a different tail and would bias the steady figures.
 - A sample needing a boundary that was not recorded is skipped and counted
   (``skipped_missing``); nothing is interpolated.
+- Stage names and the intervals they denote are ``measure.stages``.
 - Delivery interval at boundary B for chunk i: B(i) − B(i−1) within a session. The steady window
   (default chunks 5–8) selects intervals by the index of their *later* chunk, so the default gives
   4 intervals per session (5−4 … 8−7), and chunk-level figures (stage durations, GPU time) by the
@@ -17,30 +18,15 @@ Selection rules shared by every figure here:
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import msgspec
 import numpy as np
 
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart
+from harness.measure.stages import HANDOFF, STAGE_NAMES, STAGES
 
 SessionKey = tuple[int, int]  # (session, epoch)
-
-#: Every hop between consecutive boundaries, named; together they tile submit → delivered.
-SEGMENTS: tuple[tuple[str, str, str], ...] = (
-    ("dit_queue", "submit", "dit_start"),
-    ("dit", "dit_start", "dit_end"),
-    ("latent_ipc", "dit_end", "latent_ready"),
-    ("decode_wait", "latent_ready", "decode_submit"),
-    ("decode_queue", "decode_submit", "decode_start"),
-    ("decode", "decode_start", "decode_end"),
-    ("convert", "decode_end", "gpu_ready"),
-    ("d2h", "gpu_ready", "cpu_ready"),
-    ("ipc", "cpu_ready", "received"),
-    ("encode", "received", "encoded"),
-    ("sink", "encoded", "delivered"),
-)
-SEGMENT_NAMES: tuple[str, ...] = tuple(s[0] for s in SEGMENTS)
 
 
 class Window(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -282,6 +268,27 @@ class PerSession(msgspec.Struct, frozen=True):
         return np.array([v if isinstance(v, int) else v.ns for v in self.values.values()], dtype=np.int64)
 
 
+def _per_session(
+    name: str,
+    events: Sequence[ChunkEvent],
+    sessions: Sequence[SessionStart],
+    boundary: str,
+    window: Window,
+    value: Callable[[dict[int, ChunkEvent], int], object | None],
+) -> PerSession:
+    """``value(chunks, start_ns)`` of every measured non-cancelled session that has a start (None:
+    the session gives no value, and is counted as missing)."""
+    _check_boundary(boundary)
+    table = session_table(events)
+    starts = session_starts(sessions)
+    keys, n_cancelled = _measured(table, sessions, window)
+    values: dict[SessionKey, object] = {}
+    for k in keys:
+        if k in starts and (v := value(table.get(k, {}), starts[k].start_ns)) is not None:
+            values[k] = v
+    return PerSession(f"{name}:{boundary}", values, len(keys), len(keys) - len(values), n_cancelled)
+
+
 def ttfc(
     events: Sequence[ChunkEvent],
     sessions: Sequence[SessionStart],
@@ -289,17 +296,12 @@ def ttfc(
     window: Window = DEFAULT_WINDOW,
 ) -> PerSession:
     """B(chunk 0) − session start, per measured non-cancelled session."""
-    _check_boundary(boundary)
-    table = session_table(events)
-    starts = session_starts(sessions)
-    keys, n_cancelled = _measured(table, sessions, window)
-    values: dict[SessionKey, object] = {}
-    for k in keys:
-        first = table.get(k, {}).get(0)
-        t = first.at(boundary) if first is not None else None
-        if t is not None and k in starts:
-            values[k] = int(t - starts[k].start_ns)
-    return PerSession(f"ttfc:{boundary}", values, len(keys), len(keys) - len(values), n_cancelled)
+
+    def first_chunk(chunks: dict[int, ChunkEvent], start: int) -> int | None:
+        t = chunks[0].at(boundary) if 0 in chunks else None
+        return None if t is None else int(t - start)
+
+    return _per_session("ttfc", events, sessions, boundary, window, first_chunk)
 
 
 def rollouts(
@@ -310,22 +312,17 @@ def rollouts(
 ) -> PerSession:
     """Session start → B(last recorded chunk), with the frames of all chunks; a session with a
     hole (a chunk index or its boundary absent) has no rollout."""
-    _check_boundary(boundary)
-    table = session_table(events)
-    starts = session_starts(sessions)
-    keys, n_cancelled = _measured(table, sessions, window)
-    values: dict[SessionKey, object] = {}
-    for k in keys:
-        chunks = table.get(k, {})
-        if not chunks or k not in starts:
-            continue
+
+    def whole_session(chunks: dict[int, ChunkEvent], start: int) -> Rollout | None:
+        if not chunks:
+            return None
         last = max(chunks)
         if any(c not in chunks or chunks[c].at(boundary) is None for c in range(last + 1)):
-            continue
-        ns = chunks[last].at(boundary) - starts[k].start_ns
-        if ns > 0:
-            values[k] = Rollout(int(ns), sum(e.frames for e in chunks.values()), last + 1)
-    return PerSession(f"rollout:{boundary}", values, len(keys), len(keys) - len(values), n_cancelled)
+            return None
+        ns = chunks[last].at(boundary) - start
+        return Rollout(int(ns), sum(e.frames for e in chunks.values()), last + 1) if ns > 0 else None
+
+    return _per_session("rollout", events, sessions, boundary, window, whole_session)
 
 
 # ---- handoff, stages, GPU time, blocking ---------------------------------------------------
@@ -336,7 +333,7 @@ def handoffs(
     window: Window = DEFAULT_WINDOW,
     sessions: Sequence[SessionStart] = (),
 ) -> Selection:
-    """cpu_ready(i−1) → dit_start(i) for steady i. Negative under Case E (DiT i started before
+    """``stages.HANDOFF``, cpu_ready(i−1) → dit_start(i), for steady i. Negative under Case E (DiT i started before
     frames of i−1 were ready) — kept, because that overlap is the point of Case E."""
     table = session_table(events)
     keys, n_cancelled = _measured(table, sessions, window)
@@ -345,13 +342,13 @@ def handoffs(
         chunks = table.get(k, {})
         for i in window.chunks:
             cur, prev = chunks.get(i), chunks.get(i - 1)
-            t1 = cur.dit_start if cur is not None else None
-            t0 = prev.cpu_ready if prev is not None else None
+            t1 = cur.at(HANDOFF.end) if cur is not None else None
+            t0 = prev.at(HANDOFF.start) if prev is not None else None
             if t1 is None or t0 is None:
                 missing += 1
             else:
                 samples.append(Sample(k[0], k[1], i, int(t1 - t0)))
-    return Selection("handoff", tuple(samples), len(keys) * len(window.chunks), missing, 0, n_cancelled)
+    return Selection(HANDOFF.name, tuple(samples), len(keys) * len(window.chunks), missing, 0, n_cancelled)
 
 
 #: Spans of a chunk during which some GPU works for it: the DiT, and decode → uint8 → D2H.
@@ -397,7 +394,7 @@ def all_gpu_idle(
 def stage_durations(event: ChunkEvent) -> dict[str, int]:
     """Duration of every segment whose two boundaries this chunk recorded."""
     out = {}
-    for name, a, b in SEGMENTS:
+    for name, a, b in STAGES:
         ta, tb = event.at(a), event.at(b)
         if ta is not None and tb is not None:
             out[name] = tb - ta
@@ -411,8 +408,8 @@ def steady_stages(
 ) -> dict[str, Selection]:
     """Per segment, its duration on every steady chunk that recorded both ends."""
     chunks, expected, n_cancelled = steady_chunks(events, sessions, window)
-    samples: dict[str, list[Sample]] = {name: [] for name in SEGMENT_NAMES}
-    negative = dict.fromkeys(SEGMENT_NAMES, 0)
+    samples: dict[str, list[Sample]] = {name: [] for name in STAGE_NAMES}
+    negative = dict.fromkeys(STAGE_NAMES, 0)
     for e in chunks:
         for name, d in stage_durations(e).items():
             if d < 0:

@@ -3,8 +3,8 @@
 Plots (matplotlib, Agg backend: headless, no display needed):
 
 - ``intervals_hist.png`` / ``intervals_cdf.png``: steady delivery intervals per boundary, runs overlaid.
-- ``stages_per_chunk.png``: per chunk index, the nearest-rank P50 of every segment of
-  ``metrics.SEGMENTS`` over the measured sessions, stacked; one panel per run (Case D vs Case E).
+- ``stages_per_chunk.png``: per chunk index, the nearest-rank P50 of every stage of
+  ``measure.stages`` over the measured sessions, stacked; one panel per run (Case D vs Case E).
 - ``timeline.png``: one measured session as a Gantt chart, one lane per process of the run (the
   driver, every DiT and VAE rank, the encoder, the sink or client); one panel per run.
 - ``ttfc.png``: TTFC per boundary (nearest-rank P50 — the report's table — with min–max
@@ -23,15 +23,21 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+import matplotlib
+import matplotlib.pyplot as plt
 import msgspec
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
+from harness.errors import HarnessError
 from harness.limits import MAX_JSON_BYTES, read_bounded
 from harness.measure import figures as F
 from harness.measure import metrics as M
+from harness.measure import production as P
 from harness.measure import stats as S
 from harness.measure import tails as T
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, read_run
+from harness.measure.stages import INTERVALS, STAGE_NAMES, STAGES
 from harness.measure.summary import SUMMARY_FILE, build_summary, dist
 
 PLOT_BOUNDARIES: tuple[str, ...] = ("cpu_ready", "encoded", "delivered")
@@ -175,13 +181,12 @@ def timeline_bars(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart]
     if start is None:
         firsts = [t for e in chunks.values() for t in e.present().values()]
         start = min(firsts) if firsts else 0
-    seg = {name: (a, b) for name, a, b in M.SEGMENTS}
     out = []
     for c in sorted(chunks):
         e = chunks[c]
         for lane, stages, lockstep in lanes_of(manifest or {}):
             for st in stages:
-                a, b = e.at(seg[st][0]), e.at(seg[st][1])
+                a, b = e.at(INTERVALS[st][0]), e.at(INTERVALS[st][1])
                 if a is not None and b is not None and b >= a:
                     out.append(Bar(lane, st, c, (a - start) / 1e6, (b - a) / 1e6, lockstep))
     return out
@@ -206,7 +211,7 @@ def slowest_stages(long_tail: dict) -> tuple[list[str], list[tuple[str, dict[str
     the first row is the median chunk, then the slowest samples, slowest first."""
     ref = long_tail["reference"]
     upto = BOUNDARIES.index(ref)
-    stages = ["gap"] + [n for n, _, end in M.SEGMENTS if BOUNDARIES.index(end) <= upto]
+    stages = ["gap"] + [n for n, _, end in STAGES if BOUNDARIES.index(end) <= upto]
     slow = long_tail.get("slowest") or []
     if not slow:
         return stages, []
@@ -224,19 +229,13 @@ def slowest_stages(long_tail: dict) -> tuple[list[str], list[tuple[str, dict[str
 
 
 def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)  # headless: never needs a display
-    import matplotlib.pyplot as plt
-
+    matplotlib.use("Agg", force=True)  # headless: never needs a display (switched before any figure exists)
     return plt
 
 
 def _stage_colors() -> dict[str, tuple]:
-    import matplotlib
-
     cmap = matplotlib.colormaps["tab20"]
-    return {name: cmap(i % 20) for i, name in enumerate(M.SEGMENT_NAMES)}
+    return {name: cmap(i % 20) for i, name in enumerate(STAGE_NAMES)}
 
 
 def _empty(ax, text: str = "no samples") -> None:
@@ -251,8 +250,6 @@ def _save(fig, path: Path, values: dict) -> Plotted:
 
 
 def _integer_counts(axis) -> None:
-    from matplotlib.ticker import MaxNLocator
-
     axis.set_major_locator(MaxNLocator(integer=True))  # counts: no fractional ticks
 
 
@@ -329,7 +326,7 @@ def plot_stages(views: Sequence[RunView], labels: Sequence[str], path: Path) -> 
             _empty(ax)
         chunks = list(table)
         bottom = np.zeros(len(chunks))
-        for name in M.SEGMENT_NAMES:
+        for name in STAGE_NAMES:
             h = np.array([table[c].get(name, 0.0) for c in chunks])
             if h.any():
                 ax.bar(chunks, h, bottom=bottom, color=colors[name], label=name, width=0.8)
@@ -339,7 +336,7 @@ def plot_stages(views: Sequence[RunView], labels: Sequence[str], path: Path) -> 
         ax.set_ylabel("ms, stacked (submit → delivered)")
         if chunks:
             ax.set_xticks(chunks)
-    _legend_outside(list(axes[0]), M.SEGMENT_NAMES)
+    _legend_outside(list(axes[0]), STAGE_NAMES)
     return _save(fig, path, values)
 
 
@@ -431,7 +428,7 @@ def plot_slowest(views: Sequence[RunView], labels: Sequence[str], path: Path) ->
         ax.set_title(f"{l}: slowest steady intervals @ {lt['reference']}, slowest first\n"
                      f"chunk i's stages from gap (cpu_ready(i−1) → submit(i)) up to {lt['reference']}, stacked; "
                      "◆ = the interval (stacks exceed it where stages overlap, Case E)", fontsize=9)
-    _legend_outside(list(axes[:, 0]), ["gap", *M.SEGMENT_NAMES, "interval"])
+    _legend_outside(list(axes[:, 0]), ["gap", *STAGE_NAMES, "interval"])
     return _save(fig, path, values)
 
 
@@ -543,8 +540,6 @@ def run_section(view: RunView, label: str) -> list[str]:
 
 def definitions_section(production: bool = False) -> list[str]:
     """Every column and row figure of the report, defined once (``measure.figures``)."""
-    from harness.measure import production as P
-
     names = REPORT_FIGURES + ((*P.COLUMNS, *P.FIGURE_OF.values()) if production else ())
     lines = ["## figure definitions", "", "Every column above, once. "
              "Labels that read differently under a scheduler are the same figure.", "", *F.table_md(tuple(dict.fromkeys(names)))]
@@ -553,8 +548,6 @@ def definitions_section(production: bool = False) -> list[str]:
 
 def production_section(view: RunView, bench: dict | None) -> list[str]:
     """The run beside DESIGN §12 (``measure.production``), resolution and ranks from its manifest."""
-    from harness.measure import production as P
-
     cfg = view.manifest.get("config", {})
     video, parallel = cfg.get("video", {}), cfg.get("parallel", {})
     res = (video.get("height"), video.get("width"))
@@ -614,8 +607,6 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path | None = None, 
 
 
 def main(args) -> int:
-    from harness.errors import HarnessError
-
     try:
         bench = json.loads(read_bounded(args.bench, MAX_JSON_BYTES, "bench-engine --json result")) if args.bench else None
         if bench is not None and not {"flops", "peak_bf16_tflops", "peak_tf32_tflops"} <= set(bench):

@@ -16,14 +16,17 @@ really was blocked), not only the steady window.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import msgspec
 import numpy as np
 
+from harness.limits import MAX_JSON_BYTES, read_bounded
 from harness.measure import metrics as M
 from harness.measure import stats as S
-from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, read_run, validate_events
+from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, validate_events
+from harness.measure.stages import STAGES
+from harness.measure.tails import TailSummary
 
 #: 2: the headline gained fps_median (FPS P50 per interval) beside fps_steady
 SCHEMA = 2
@@ -40,6 +43,8 @@ FLAG_MISSING = "missing_boundaries"
 FLAG_CANCELLED = "has_cancelled"
 FLAG_ORDER = "order_violations"
 FLAG_NO_STARTS = "no_session_starts"
+#: the driver saw a stage stall (``RunSummary.stalls``)
+FLAG_STALLED = "stalled"
 
 
 class Dist(msgspec.Struct, frozen=True):
@@ -204,7 +209,7 @@ def stage_summaries(stages: dict[str, M.Selection], interval_mean_ms: float | No
     dists = {name: dist(sel.ns()) for name, sel in stages.items()}
     shares = M.stage_shares({n: d.mean_ms for n, d in dists.items() if d.n})
     out = {}
-    for name, start, end in M.SEGMENTS:
+    for name, start, end in STAGES:
         d = dists[name]
         of_interval = d.mean_ms / interval_mean_ms if d.n and interval_mean_ms else None
         out[name] = StageSummary(start, end, d, stages[name].skipped_missing, shares.get(name), of_interval)
@@ -239,6 +244,89 @@ def rollout_summary(per: M.PerSession) -> RolloutSummary:
 # ---- the summary ---------------------------------------------------------------------------
 
 
+def unique_chunks(events: Sequence[ChunkEvent]) -> list[ChunkEvent]:
+    """The first record of every chunk. A duplicated chunk cannot be measured without picking one
+    copy; the order violation (and its flag) says the table had one."""
+    seen, unique = set(), []
+    for e in events:
+        if e.key not in seen:
+            seen.add(e.key)
+            unique.append(e)
+    return unique
+
+
+def session_keys(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart], window: M.Window) -> tuple[set, set]:
+    """(every session, the measured ones): sessions of chunks and of session starts alike."""
+    all_keys = {(e.session, e.epoch) for e in events} | {s.key for s in sessions}
+    return all_keys, {k for k in all_keys if window.measured(k[1])}
+
+
+def session_counts(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart], window: M.Window,
+                   ref: BoundarySummary | None) -> Counts:
+    all_keys, measured = session_keys(events, sessions, window)
+    return Counts(
+        events=len(events),
+        sessions_total=len(all_keys),
+        sessions_warmup=len(all_keys) - len(measured),
+        sessions_measured=len(measured),
+        sessions_cancelled=len(measured & M.cancelled_keys(events, sessions)),
+        sessions_steady=ref.n_sessions if ref else 0,
+        steady_intervals=ref.intervals.n if ref else 0,
+    )
+
+
+def flags_and_validity(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart], window: M.Window,
+                       reference: str, boundaries: dict[str, BoundarySummary], counts: Counts,
+                       violations: list[str]) -> tuple[list[str], bool]:
+    """The summary's flags, and whether it is valid: invalid when there is nothing to report at the
+    reference or the table contradicts itself. Few samples, cancellations and absent starts are
+    reported, not disqualifying."""
+    cancelled = M.cancelled_keys(events, sessions)
+    _, measured = session_keys(events, sessions, window)
+    flags = set()
+    if not events:
+        flags.add(FLAG_EMPTY)
+    if not measured - cancelled:
+        flags.add(FLAG_NO_MEASURED)
+    if events and reference not in boundaries:
+        flags.add(FLAG_REFERENCE_ABSENT)
+    if counts.steady_intervals < S.min_samples(99):
+        flags.add(FLAG_TOO_FEW)
+    if counts.sessions_steady == 1:
+        flags.add(FLAG_ONE_SESSION)
+    if any(s.skipped_missing for s in boundaries.values()):
+        flags.add(FLAG_MISSING)
+    if cancelled:
+        flags.add(FLAG_CANCELLED)
+    if violations:
+        flags.add(FLAG_ORDER)
+    if events and not sessions:
+        flags.add(FLAG_NO_STARTS)
+    valid = not flags & {FLAG_EMPTY, FLAG_NO_MEASURED, FLAG_REFERENCE_ABSENT, FLAG_ORDER} and counts.steady_intervals > 0
+    return sorted(flags), valid
+
+
+def headline_of(reference: str, ref: BoundarySummary | None, ttfc: dict[str, Dist], counts: Counts) -> Headline:
+    return Headline(
+        boundary=reference,
+        fps_steady=ref.fps_steady if ref else None,
+        p50_ms=ref.intervals.p50_ms if ref else None,
+        fps_median=ref.fps_median if ref else None,
+        p99_ms=ref.intervals.p99_ms if ref else None,
+        p99_is_max=ref.intervals.p99_is_max if ref else False,
+        ttfc_p50_ms=ttfc[reference].p50_ms if reference in ttfc else None,
+        n=counts.steady_intervals,
+    )
+
+
+def window_def(window: M.Window, reference: str, boot: BootstrapDef) -> WindowDef:
+    return WindowDef(
+        window.first_chunk, window.last_chunk, window.warmup_epochs, reference, window.describe(),
+        "nearest-rank: P_p is the ceil(p*n/100)-th smallest sample; P99 with n < 100 is the maximum (p99_is_max)",
+        boot,
+    )
+
+
 def build_summary(
     events: Sequence[ChunkEvent],
     sessions: Sequence[SessionStart] = (),
@@ -254,85 +342,28 @@ def build_summary(
         raise KeyError(f"unknown reference boundary {reference!r}")
     events, sessions = list(events), list(sessions)
     violations = validate_events(events, sessions)
-    # A duplicated chunk cannot be measured without picking one copy; keep the first, and the
-    # violation (and flag) says so.
-    seen, unique = set(), []
-    for e in events:
-        if e.key not in seen:
-            seen.add(e.key)
-            unique.append(e)
-    events = unique
+    events = unique_chunks(events)
 
     boot = BootstrapDef(n_boot, seed, confidence, S.bootstrap_method(block_length))
     seen_b = M.boundaries_seen(events)
     boundaries = {b: boundary_summary(M.steady_intervals(events, b, window, sessions), boot, block_length) for b in seen_b}
     ref = boundaries.get(reference)
-    stages = stage_summaries(M.steady_stages(events, window, sessions), ref.intervals.mean_ms if ref else None)
-    steady, _, _ = M.steady_chunks(events, sessions, window)
-
-    all_keys = {(e.session, e.epoch) for e in events} | {s.key for s in sessions}
-    measured = {k for k in all_keys if window.measured(k[1])}
-    cancelled = M.cancelled_keys(events, sessions)
-    counts = Counts(
-        events=len(events),
-        sessions_total=len(all_keys),
-        sessions_warmup=len(all_keys) - len(measured),
-        sessions_measured=len(measured),
-        sessions_cancelled=len(measured & cancelled),
-        sessions_steady=ref.n_sessions if ref else 0,
-        steady_intervals=ref.intervals.n if ref else 0,
-    )
+    counts = session_counts(events, sessions, window, ref)
     ttfc = {b: dist(M.ttfc(events, sessions, b, window).ns()) for b in seen_b} if sessions else {}
-
-    flags = set()
-    if not events:
-        flags.add(FLAG_EMPTY)
-    if not measured - cancelled:
-        flags.add(FLAG_NO_MEASURED)
-    if events and reference not in seen_b:
-        flags.add(FLAG_REFERENCE_ABSENT)
-    if counts.steady_intervals < S.min_samples(99):
-        flags.add(FLAG_TOO_FEW)
-    if counts.sessions_steady == 1:
-        flags.add(FLAG_ONE_SESSION)
-    if any(s.skipped_missing for s in boundaries.values()):
-        flags.add(FLAG_MISSING)
-    if cancelled:
-        flags.add(FLAG_CANCELLED)
-    if violations:
-        flags.add(FLAG_ORDER)
-    if events and not sessions:
-        flags.add(FLAG_NO_STARTS)
-    # Invalid: nothing to report at the reference, or the table contradicts itself. Few samples,
-    # cancellations and absent starts are reported, not disqualifying.
-    valid = not flags & {FLAG_EMPTY, FLAG_NO_MEASURED, FLAG_REFERENCE_ABSENT, FLAG_ORDER} and counts.steady_intervals > 0
-
-    headline = Headline(
-        boundary=reference,
-        fps_steady=ref.fps_steady if ref else None,
-        p50_ms=ref.intervals.p50_ms if ref else None,
-        fps_median=ref.fps_median if ref else None,
-        p99_ms=ref.intervals.p99_ms if ref else None,
-        p99_is_max=ref.intervals.p99_is_max if ref else False,
-        ttfc_p50_ms=ttfc[reference].p50_ms if reference in ttfc else None,
-        n=counts.steady_intervals,
-    )
+    flags, valid = flags_and_validity(events, sessions, window, reference, boundaries, counts, violations)
+    steady, _, _ = M.steady_chunks(events, sessions, window)
     return Summary(
         schema=SCHEMA,
         valid=valid,
-        flags=sorted(flags),
-        headline=headline,
-        window=WindowDef(
-            window.first_chunk, window.last_chunk, window.warmup_epochs, reference, window.describe(),
-            "nearest-rank: P_p is the ceil(p*n/100)-th smallest sample; P99 with n < 100 is the maximum (p99_is_max)",
-            boot,
-        ),
+        flags=flags,
+        headline=headline_of(reference, ref, ttfc, counts),
+        window=window_def(window, reference, boot),
         counts=counts,
         boundaries=boundaries,
         ttfc=ttfc,
         rollout=rollout_summary(M.rollouts(events, sessions, reference, window)) if sessions else RolloutSummary(Dist(0), None, None),
         handoff=dist(M.handoffs(events, window, sessions).ns()),
-        stages=stages,
+        stages=stage_summaries(M.steady_stages(events, window, sessions), ref.intervals.mean_ms if ref else None),
         gpu_ms=gpu_summaries(M.gpu_times(steady)),
         blocked=blocked_summaries(M.blocked_time(M.measured_chunks(events, sessions, window))),
         absent_boundaries=[b for b in BOUNDARIES if b not in seen_b],
@@ -345,17 +376,43 @@ def summary_to_dict(summary: Summary) -> dict:
     return msgspec.to_builtins(summary)
 
 
-def write_summary(path: str | Path, summary: Summary) -> None:
-    Path(path).write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=2) + b"\n")
+# ---- the run's summary.json ----------------------------------------------------------------
 
 
-def read_summary(path: str | Path) -> Summary:
-    return msgspec.json.decode(Path(path).read_bytes(), type=Summary)
+class RunSummary(Summary, kw_only=True, omit_defaults=True):
+    """What ``summary.json`` holds: the figures (``Summary``) and how the run went — written once,
+    by the driver when the run ends (``drivers.rundir.write_json``, whole or not at all)."""
+
+    #: how the run ended: "complete", "failed", "interrupted", …
+    status: str
+    error: str | None = None
+    hooks: list[str]
+    candidates: list[str]
+    #: what the driver measured about the launch (clock offsets, IPC probes)
+    probes: dict
+    sessions_completed: int
+    #: every stall seen (a stage owing a reply silent for ``stall_report_s``)
+    stalls: list[dict]
+    stall_report_s: float
+    #: the measurement protocol (``experiments.protocols``) and what it adds
+    protocol: str
+    long_tail: TailSummary | None = None
+    #: the protocol's addition failed: why (the run's own figures are kept)
+    summary_extra_error: str | None = None
 
 
-def summarize_run(run_dir: str | Path, **kw) -> Summary:
-    """Read ``events.jsonl`` (+ ``sessions.jsonl``) of a run and write its ``summary.json``."""
-    events, sessions = read_run(run_dir, tolerate_partial_tail=True)
-    summary = build_summary(events, sessions, **kw)
-    write_summary(Path(run_dir) / SUMMARY_FILE, summary)
-    return summary
+_RUN_FIELDS = frozenset(RunSummary.__struct_fields__) - frozenset(Summary.__struct_fields__)
+
+
+def run_summary(summary: Summary, **run: Any) -> RunSummary:
+    """``summary`` with how the run went (``RunSummary``'s own fields, checked against their types;
+    a protocol's addition may come as plain JSON); a run with stalls gains the ``stalled`` flag."""
+    unknown = set(run) - _RUN_FIELDS
+    if unknown:
+        raise TypeError(f"summary.json has no field {', '.join(sorted(unknown))}")
+    flags = [*summary.flags, FLAG_STALLED] if run.get("stalls") else summary.flags
+    return msgspec.convert({**msgspec.to_builtins(summary), "flags": flags, **run}, RunSummary)
+
+
+def read_summary(path: str | Path) -> RunSummary:
+    return msgspec.json.decode(read_bounded(path, MAX_JSON_BYTES, "summary"), type=RunSummary)

@@ -10,7 +10,7 @@ A slow interval is explained by comparing the chunk with the *typical* chunk of 
   excess is where the delay entered. Anchoring at R(i−1) rather than B(i−1) matters: when chunk
   i−1 was slow, B(i) − B(i−1) at the boundaries upstream of i−1's delay inherits it (a closed-loop
   driver submits chunk i late), though nothing in chunk i was slow there.
-- per stage: every segment of ``metrics.SEGMENTS`` of chunk i, plus ``gap`` = cpu_ready(i−1) →
+- per stage: every stage of ``measure.stages`` of chunk i, plus ``gap`` = cpu_ready(i−1) →
   submit(i) (the driver's reaction, which no segment covers), against that stage's median over the
   steady chunks. ``grew`` is the stage with the largest excess: the one that made the sample slow.
 
@@ -27,12 +27,14 @@ import numpy as np
 from harness.measure import metrics as M
 from harness.measure import stats as S
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart
+from harness.measure.stages import GAP as GAP_STAGE
+from harness.measure.stages import STAGE_NAMES
 
 DEFAULT_SLOWEST = 10
 TAIL_PERCENTILES: tuple[float, ...] = (50, 95, 99)
-GAP = "gap"
-#: Stages a slow sample is attributed to: the segments that tile submit → delivered, then the gap.
-STAGES: tuple[str, ...] = M.SEGMENT_NAMES + (GAP,)
+GAP = GAP_STAGE.name
+#: Stages a slow sample is attributed to: the stages that tile submit → delivered, then the gap.
+STAGES: tuple[str, ...] = STAGE_NAMES + (GAP,)
 #: A boundary is "late" once its excess reaches this fraction of the reference boundary's excess.
 LATE_FRACTION = 0.5
 
@@ -55,7 +57,7 @@ class SlowSample(msgspec.Struct, frozen=True):
     excess_ms: float
     #: interval at every boundary both chunks recorded, data-flow order
     boundaries: dict[str, Excess]
-    #: duration of every stage (SEGMENTS + gap) this chunk recorded
+    #: duration of every stage (``stages.STAGES`` + gap) this chunk recorded
     stages: dict[str, Excess]
     grew: str | None
     first_late: str | None
@@ -102,10 +104,11 @@ def _excess(ns: int, median_ns: float | None) -> Excess:
 
 
 def stage_times(cur: ChunkEvent, prev: ChunkEvent | None) -> dict[str, int]:
-    """Every stage of chunk ``cur`` (SEGMENTS, and ``gap`` when the previous chunk is given)."""
+    """Every stage of chunk ``cur`` (``stages.STAGES``, and ``gap`` when the previous chunk is given)."""
     out = M.stage_durations(cur)
-    if prev is not None and prev.cpu_ready is not None and cur.submit is not None:
-        out[GAP] = cur.submit - prev.cpu_ready
+    a, z = (prev.at(GAP_STAGE.start) if prev is not None else None), cur.at(GAP_STAGE.end)
+    if a is not None and z is not None:
+        out[GAP] = z - a
     return out
 
 

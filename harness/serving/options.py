@@ -1,9 +1,21 @@
-"""The options of ``serve --listen`` and of ``client``: argparse only, so that parsing a command
+"""The options of ``serve`` (``--listen`` included) and of ``client``: argparse only, so that parsing a command
 line (and refusing a bad one) never waits for the server's and the client's imports (torch, aiohttp)."""
 
 from __future__ import annotations
 
 import argparse
+
+from harness.drivers.options import add_serve_options
+
+
+def add_serve_command(p: argparse.ArgumentParser) -> None:
+    """Every option of ``serve``: the run's, the protocol, and the network endpoint's."""
+    add_serve_options(p)
+    p.add_argument("--protocol", choices=["timing", "long-tail"], default="timing",
+                   help="timing: 1 warm-up + measured sessions; long-tail: 1 warm-up + 250 sessions (unless --sessions) "
+                        "and the slowest samples broken down by stage")
+    p.add_argument("--overwrite", action="store_true", help="clear an existing run directory at --out first")
+    add_listen_options(p)
 
 
 def add_listen_options(p: argparse.ArgumentParser) -> None:

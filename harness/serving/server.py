@@ -39,22 +39,20 @@ from aiohttp import WSMsgType, web
 
 from harness.config import override
 from harness.drivers.driver import SessionControl
-from harness.drivers.options import parse_hooks, resolve_config
+from harness.drivers.options import resolve_config
 from harness.drivers.serve import ServeOptions, explain_failure, serve
 from harness.drivers.signals import install as install_stop
 from harness.engine.camera import validate_actions
 from harness.errors import HarnessError
+from harness.hooks import parse_hooks
 from harness.limits import session_frames_error
+from harness.measure.clock import now
 from harness.measure.headline import run_headline
 from harness.serving import protocol as W
 from harness.serving.guards import DEFAULT_IDLE_TIMEOUT_S, hardening_options, origin_error, warm_up, write_token
 
 PATH = "/session"
 HEALTH_PATH = "/healthz"
-
-
-def now() -> int:
-    return time.monotonic_ns()
 
 
 @dataclass
@@ -640,7 +638,7 @@ def listen_main(args) -> int:
                        **hardening_options(args, cfg))
     server = StreamServer(lo)
     install_stop(on_stop=server.stop)  # SIGINT and SIGTERM alike: the running session is cancelled, then teardown
-    res = serve(cfg, ServeOptions(out=args.out, overwrite=getattr(args, "overwrite", False), candidates=tuple(args.candidate), hooks=parse_hooks(args.hooks),
+    res = serve(cfg, ServeOptions(out=args.out, overwrite=getattr(args, "overwrite", False), candidates=tuple(args.candidate), hooks=parse_hooks(args.hooks).items(),
                                   progress=False, faults=faults, probes=False, session_runner=server,
                                   protocol={"name": "websocket", "listen": args.listen, "window": lo.window,
                                             "warmup_chunks": lo.warmup_chunks, "idle_timeout_s": lo.idle_timeout_s,

@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from harness.config import HarnessConfig
 from harness.engine.groups import RankGroup
+from harness.hooks.active import ActiveHooks, activate
 from harness.pipeline import messages as M
 
 Role = Literal["dit", "vae", "encoder"]
@@ -131,10 +132,6 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def now() -> int:
-    return time.monotonic_ns()
-
-
 def maybe_fault(spec: WorkerSpec, chunk: int) -> None:
     """Scenario hook: die abruptly (as a crashed rank would) when told to, at a given chunk."""
     if spec.fault.startswith("die-at-chunk:") and chunk == int(spec.fault.split(":", 1)[1]):
@@ -171,12 +168,24 @@ class GpuTimer:
         return out
 
 
-def write_hook_report(spec: WorkerSpec, hooks) -> None:
+def write_hook_report(spec: WorkerSpec, hooks: ActiveHooks) -> None:
     """What this process's hooks actually did, next to the run's other files."""
     if not spec.hooks or not spec.run_dir:
         return
     path = Path(spec.run_dir) / f"hooks.{spec.role}{spec.rank}.json"
     path.write_text(json.dumps(hooks.report(), indent=1))
+
+
+@contextmanager
+def hooks_on(spec: WorkerSpec, label: str):
+    """The run's hooks switched on around a worker's serve loop; their report is written once they
+    are off (the recorder's totals exist only then), however the loop ended."""
+    hooks = activate(spec.hooks, out_dir=spec.run_dir, label=label)
+    try:
+        with hooks:
+            yield hooks
+    finally:
+        write_hook_report(spec, hooks)
 
 
 @contextmanager

@@ -10,16 +10,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.candidates import apply_candidates
+from harness.candidates import EnginePatches
 from harness.engine.backends import build_dit_engine
 from harness.engine.conditions import SessionConditions
 from harness.engine.image import conditioning_image_latent
-from harness.hooks import activate
 from harness.hooks import context as hctx
+from harness.measure.clock import now
 from harness.pipeline import messages as M
 from harness.workers.common import (
-    GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, now, process_setup,
-    reported_errors, shutdown_groups, synchronize, write_hook_report,
+    GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, process_setup,
+    hooks_on, reported_errors, shutdown_groups, synchronize,
 )
 
 
@@ -37,19 +37,15 @@ def _serve(spec: WorkerSpec, conn) -> None:
     device = torch.device(spec.device)
     cfg = spec.cfg
     engine = build_dit_engine(cfg, group=group, device=device, seed=cfg.runtime.seed)
-    applied = apply_candidates(spec.candidates, dit=engine)
+    applied = EnginePatches(spec.candidates).apply(dit=engine)
     lead = spec.rank == 0
     timer = GpuTimer(device)
     M.send(conn, M.Ready(role="dit", rank=spec.rank, device=str(device), device_name=device_name(device),
                          info={"candidates": ",".join(applied)}))
     sessions: dict[int, object] = {}
     epochs: dict[int, int] = {}
-    hooks = activate(spec.hooks, out_dir=spec.run_dir, label=f"dit{spec.rank}")
-    try:
-        with hooks:
-            _loop(spec, conn, engine, sessions, epochs, timer, lead, cfg, device)
-    finally:
-        write_hook_report(spec, hooks)  # after exit: the recorder's totals exist only then
+    with hooks_on(spec, f"dit{spec.rank}"):
+        _loop(spec, conn, engine, sessions, epochs, timer, lead, cfg, device)
 
 
 def _loop(spec, conn, engine, sessions, epochs, timer, lead, cfg, device) -> None:

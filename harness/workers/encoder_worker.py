@@ -12,17 +12,16 @@ import hashlib
 from pathlib import Path
 
 import msgspec
-import numpy as np
 
 from harness.errors import HarnessError
-from harness.hooks import activate
 from harness.hooks import context as hctx
+from harness.measure.clock import now
 from harness.measure.gates import save_pixels
 from harness.pipeline import messages as M
 from harness.pipeline.encoder import make_encoder
 from harness.pipeline.ring import FrameRing, RingSpec
 from harness.pipeline.sinks import make_sink
-from harness.workers.common import WorkerSpec, now, process_setup, reported_errors, write_hook_report
+from harness.workers.common import WorkerSpec, hooks_on, process_setup, reported_errors
 
 
 def main(spec: WorkerSpec, conn) -> None:
@@ -31,12 +30,8 @@ def main(spec: WorkerSpec, conn) -> None:
     try:
         with reported_errors("encoder", 0, conn):
             ring = FrameRing.attach(msgspec.convert(spec.ring, RingSpec))
-            hooks = activate(spec.hooks, out_dir=spec.run_dir, label="encoder")
-            try:
-                with hooks:
-                    _serve(spec, conn, ring)
-            finally:
-                write_hook_report(spec, hooks)  # after exit: the recorder's totals exist only then
+            with hooks_on(spec, "encoder"):
+                _serve(spec, conn, ring)
     finally:
         if ring is not None:
             ring.close()

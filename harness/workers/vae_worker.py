@@ -11,17 +11,17 @@ import msgspec
 import numpy as np
 import torch
 
-from harness.candidates import apply_candidates
+from harness.candidates import EnginePatches
 from harness.engine.convert import to_uint8
 from harness.engine.vae_engine import VaeEngine
 from harness.errors import HarnessError
-from harness.hooks import activate
 from harness.hooks import context as hctx
+from harness.measure.clock import now
 from harness.pipeline import messages as M
 from harness.pipeline.ring import FrameRing, RingSpec
 from harness.workers.common import (
-    GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, now, process_setup,
-    reported_errors, shutdown_groups, synchronize, write_hook_report,
+    GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, process_setup,
+    hooks_on, reported_errors, shutdown_groups, synchronize,
 )
 
 
@@ -69,19 +69,17 @@ def _serve(spec: WorkerSpec, conn, ring) -> None:
     cfg = spec.cfg
     engine = VaeEngine(cfg, group=group, device=device, seed=cfg.runtime.seed)
     out = OutputPath(device)
-    applied = apply_candidates(spec.candidates, vae=engine, output=out)
+    applied = EnginePatches(spec.candidates).apply(vae=engine, output=out)
     lead = spec.rank == 0
     timer = GpuTimer(device)
     M.send(conn, M.Ready(role="vae", rank=spec.rank, device=str(device), device_name=device_name(device),
                          info={"candidates": ",".join(applied)}))
     sessions: dict[int, object] = {}
-    hooks = activate(spec.hooks, out_dir=spec.run_dir, label=f"vae{spec.rank}")
     try:
-        with hooks:
+        with hooks_on(spec, f"vae{spec.rank}"):
             _loop(spec, conn, ring, engine, out, sessions, timer, lead, device)
     finally:
         out.close()  # before main() unmaps the ring
-        write_hook_report(spec, hooks)  # after exit: the recorder's totals exist only then
 
 
 def _check_finite(latent, session: int, chunk: int) -> None:

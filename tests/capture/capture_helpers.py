@@ -17,7 +17,7 @@ def capture_run(out: Path, hooks: str, *, sessions: int = 2, chunks: int = CHUNK
     from harness.engine.dit_engine import DitEngine, SessionConditions
     from harness.engine.groups import RankGroup
     from harness.engine.vae_engine import VaeEngine
-    from harness.hooks import activate
+    from harness.hooks.active import activate
 
     cfg = override(load_preset("tiny"), parallel={"sp": 1, "vae_ranks": 1})
     cpu = torch.device("cpu")

@@ -97,7 +97,7 @@ def test_saved_tensors_match_their_hashes_and_context(captured):
 
 
 def test_registries_are_wrapped_inside_the_hook_and_restored_after(tmp_path):
-    from harness.hooks import activate
+    from harness.hooks.active import activate
 
     before = {id(reg): dict(reg) for reg in (A.DENSE, A.KV_PATHS)}
     with activate("capture", out_dir=tmp_path, label="t0"):

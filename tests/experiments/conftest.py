@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from harness.cli import main
-from harness.measure import metrics as M
 from harness.measure.events import ChunkEvent, SessionStart
+from harness.measure.stages import STAGES
 
 
 def children_of(pid: int) -> list[int]:
@@ -64,7 +64,7 @@ def case_d_session(session: int, *, start: int, n_chunks: int = 10, slow: dict[i
         if prev_cpu is not None:
             t = prev_cpu + (GAP + extra.get("gap", 0)) * MS
         stamps = {"submit": t}
-        for name, a, b in M.SEGMENTS:
+        for name, a, b in STAGES:
             t += (NOMINAL[name] + extra.get(name, 0)) * MS
             stamps[b] = t
         prev_cpu = stamps["cpu_ready"]

@@ -11,6 +11,7 @@ from harness.errors import HarnessError
 from harness.experiments import protocols
 from harness.measure import figures as F
 from harness.measure import metrics as M
+from harness.measure import stages
 from harness.measure import tails
 
 def test_slowest_samples_name_the_stage_that_grew_and_where_the_delay_entered(event_tables):
@@ -25,7 +26,7 @@ def test_slowest_samples_name_the_stage_that_grew_and_where_the_delay_entered(ev
     assert [(s.epoch, s.chunk) for s in slow] == [(2, 6), (3, 7), (2, 8)]
     assert [s.rank for s in slow] == [1, 2, 3]
     first, second, third = slow
-    nominal_interval = GAP + sum(NOMINAL[n] for n in M.SEGMENT_NAMES[:8])  # gap + submit → cpu_ready
+    nominal_interval = GAP + sum(NOMINAL[n] for n in stages.STAGE_NAMES[:8])  # gap + submit → cpu_ready
     assert first.median_ms == pytest.approx(nominal_interval)
     assert first.interval_ms == pytest.approx(nominal_interval + 50) and first.excess_ms == pytest.approx(50)
     assert first.grew == "decode" and first.stages["decode"].excess_ms == pytest.approx(50)

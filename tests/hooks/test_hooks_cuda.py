@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness.hooks import activate
+from harness.hooks.active import activate
 from harness.hooks import context as hctx
 from harness.hooks.dispatch import DispatchRecorder
 

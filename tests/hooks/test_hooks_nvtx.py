@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from harness.hooks import activate
+from harness.hooks.active import activate
 from harness.hooks import context as hctx
 from harness.hooks import nvtx_ranges
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from harness.errors import HarnessError
-from harness.hooks import HookSet, activate, parse_hooks
+from harness.hooks import HookSet, parse_hooks
+from harness.hooks.active import activate
 from harness.hooks import context as hctx
 
 
@@ -27,6 +28,12 @@ def test_parse_full_string():
     assert parse_hooks(h.items()) == h  # worker specs carry the items
     assert parse_hooks(("nvtx", "trace")) == HookSet(nvtx=True, trace=True)
     assert h.to_dict() == {"nvtx": True, "dispatch": "full", "trace": True, "profile": [5, 7]}
+
+
+def test_the_hooks_option_parses_to_the_items_a_serve_takes():
+    """``--hooks`` as argparse hands it over (default "", spaces allowed) → ``ServeOptions.hooks``."""
+    assert parse_hooks("").items() == ()
+    assert parse_hooks(" nvtx , dispatch=full,trace ").items() == ("nvtx", "dispatch", "trace")
 
 
 @pytest.mark.parametrize("spec,expected", [
@@ -126,3 +133,14 @@ def test_profile_window_cut_short_still_exports(tmp_path):
     st = active.report()["profile"]
     assert st["state"] == "done" and not st["complete"]
     assert (tmp_path / "profile.json").exists()
+
+
+@pytest.mark.parametrize("command", [["serve"], ["compare", "--candidate", "H2a"]])
+def test_a_bad_hooks_option_is_one_line_and_exit_2_before_anything_starts(tmp_path, capsys, command):
+    from harness.cli import main
+
+    out = tmp_path / "run"
+    assert main([*command, "--hooks", "nvtx,flops", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: unknown hook 'flops' in --hooks (known: nvtx, dispatch, trace, profile, capture)"
+    assert not out.exists()

@@ -21,7 +21,7 @@ BRIEF_STAGES = {
     "sink": ("encoded", "delivered"),
 }
 PROCESS = {"dit": "dit rank 0", "decode": "vae rank 0", "convert": "vae rank 0", "d2h": "vae rank 0",
-           "ipc": "driver", "encode": "encoder", "sink": "encoder", "submit": "driver", "handoff": "driver"}
+           "ipc": "driver", "encode": "encoder", "sink": "encoder", "dit_queue": "driver", "handoff": "driver"}
 
 
 def chunk_events(session, epoch, n, start, ipc_delay=None, drop=None):
@@ -98,7 +98,7 @@ def test_trace_matches_the_event_table(tmp_path, as_struct):
     s1c1 = {s["name"] for s in sl if (s["args"]["session"], s["args"]["chunk"]) == (1, 1)}
     assert {"dit", "d2h", "ipc", "encode", "sink"} <= s1c1 and not {"decode", "convert"} & s1c1
     cancelled = [s for s in sl if (s["args"]["session"], s["args"]["chunk"]) == (1, 2)]
-    assert {s["name"] for s in cancelled} == {"handoff", "submit", "dit"} and all(s["args"]["cancelled"] for s in cancelled)
+    assert {s["name"] for s in cancelled} == {"handoff", "dit_queue", "dit"} and all(s["args"]["cancelled"] for s in cancelled)
 
     first = {s["name"]: s["args"] for s in sl if (s["args"]["session"], s["args"]["chunk"]) == (0, 0)}
     assert first["dit"]["gpu_ms"] == 97.5 and first["decode"]["gpu_ms"] == 38.0

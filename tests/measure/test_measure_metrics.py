@@ -4,6 +4,7 @@ import pytest
 
 from harness.measure import metrics as M
 from harness.measure.events import BOUNDARIES, SessionStart
+from harness.measure.stages import STAGE_NAMES, STAGES
 
 MS = 1_000_000
 
@@ -156,7 +157,7 @@ def test_handoff(tables):
 def test_stage_durations_and_shares(tables):
     events, starts = tables.run(2, step=3 * MS)
     d = M.stage_durations(events[0])
-    assert list(d) == list(M.SEGMENT_NAMES) and set(d.values()) == {3 * MS}
+    assert list(d) == list(STAGE_NAMES) and set(d.values()) == {3 * MS}
     stages = M.steady_stages(events, sessions=starts)
     assert all(s.n == 4 for s in stages.values())
     shares = M.stage_shares({k: float(s.ns().mean()) for k, s in stages.items()})
@@ -164,7 +165,7 @@ def test_stage_durations_and_shares(tables):
     assert shares["dit"] == pytest.approx(1 / 11)
     assert M.stage_shares({"a": 1.0, "b": 3.0}) == {"a": 0.25, "b": 0.75}
     assert M.stage_shares({}) == {}
-    assert [s[1:] for s in M.SEGMENTS] == list(zip(BOUNDARIES, BOUNDARIES[1:]))
+    assert [s[1:] for s in STAGES] == list(zip(BOUNDARIES, BOUNDARIES[1:]))
 
 
 def test_gpu_and_blocked(tables):

@@ -4,7 +4,8 @@ import msgspec
 import pytest
 
 from harness.measure import summary as SM
-from harness.measure.events import BOUNDARIES, write_events, write_sessions
+from harness.drivers.rundir import write_json
+from harness.measure.events import BOUNDARIES, read_run, write_events, write_sessions
 from harness.measure.metrics import Window
 
 MS = 1_000_000
@@ -100,12 +101,17 @@ def test_shape_is_stable_and_json_round_trips(tmp_path, tables):
     assert full["window"]["first_chunk"] == 2 and full["window"]["bootstrap"]["n_boot"] == 50
     assert full["stages"].keys() == empty["stages"].keys()
 
+    # summary.json as the driver writes it: the figures and how the run went, one typed record
     write_events(tmp_path / "events.jsonl", events)
     write_sessions(tmp_path / "sessions.jsonl", starts)
-    s = SM.summarize_run(tmp_path, n_boot=50)
+    s = SM.build_summary(*read_run(tmp_path), n_boot=50)
+    run = SM.run_summary(s, status="complete", hooks=[], candidates=["H1a"], probes={}, sessions_completed=3,
+                         stalls=[{"stage": "vae"}], stall_report_s=5.0, protocol="timing")
+    write_json(tmp_path / SM.SUMMARY_FILE, run)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["headline"]["fps_steady"] == pytest.approx(120.0)
-    assert SM.read_summary(tmp_path / "summary.json") == s
+    assert on_disk["flags"] == [*s.flags, SM.FLAG_STALLED] and "error" not in on_disk and "long_tail" not in on_disk
+    assert SM.read_summary(tmp_path / "summary.json") == run
 
 
 def test_bootstrap_interval_reflects_session_spread(tables):

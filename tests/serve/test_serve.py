@@ -92,6 +92,20 @@ def test_saved_outputs_layout(runs):
     assert summary["status"] == "complete"
 
 
+def test_summary_json_is_one_typed_record(runs):
+    """What the driver writes to summary.json decodes as ``measure.summary.RunSummary`` and back to
+    the same JSON: no key the record does not know, none it leaves out."""
+    import msgspec
+
+    from harness.measure.summary import RunSummary, read_summary
+
+    for name in ("case-d", "hooks"):
+        path = runs[name].run_dir / "summary.json"
+        record = read_summary(path)
+        assert isinstance(record, RunSummary) and record.status == "complete"
+        assert json.loads(msgspec.json.encode(record)) == json.loads(path.read_text())
+
+
 def test_case_d_and_case_e_outputs_are_byte_identical(runs):
     a, b = runs["case-d"].run_dir, runs["case-e"].run_dir
     assert gate(a, b, "exact").passed
