@@ -28,6 +28,7 @@ from harness.drivers.launcher import LocalLauncher, RankFailed
 from harness.drivers.trajectory import actions_for
 from harness.measure.clock import now
 from harness.measure.events import ChunkEvent, SessionStart
+from harness.measure.gates import save_latent
 from harness.pipeline import messages as M
 
 
@@ -87,6 +88,57 @@ class StallWatch:
 
 
 @dataclass
+class _Session:
+    """One session as the driver runs it: the boundaries it stamped, the chunks in flight."""
+
+    session: int
+    epoch: int
+    n: int  # chunks asked for
+    ctl: SessionControl
+    case_e: bool
+    save: bool  # a saved epoch: latents and pixels are kept
+    actions: Callable[[int], list[str]]
+    start_ns: int = 0
+    next_chunk: int = 0
+    dit_busy: bool = False
+    done: int = 0  # chunks finished: delivered, or discarded after a cancel
+    frames_back: int = 0  # chunks whose frames reached host memory
+    cancelled: bool = False
+    waiting: deque = field(default_factory=deque)  # (chunk, LatentReady) not yet handed to the VAE
+    decoding: deque = field(default_factory=deque)  # chunks the VAE is decoding, in order
+    frame_sha: dict[int, list[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.stamps: list[dict] = [dict() for _ in range(self.n)]
+        self.extra: list[dict] = [{"gpu_ms": {}, "blocked_ns": {}, "frames": 0} for _ in range(self.n)]
+        self.hashes: list[dict] = [{} for _ in range(self.n)]
+
+    @property
+    def target(self) -> int:
+        """Chunks to finish: all of them, or after a cancel only those already submitted."""
+        return self.next_chunk if self.cancelled else self.n
+
+    def may_submit(self) -> bool:
+        if self.cancelled or self.dit_busy or self.next_chunk >= self.n:
+            return False
+        if self.case_e:
+            return not self.waiting
+        return self.frames_back == self.next_chunk  # Case D: previous chunk is cpu_ready
+
+    def cancel(self) -> None:
+        """In-flight work is finished and discarded; nothing new starts."""
+        self.cancelled = True
+        self.done += len(self.waiting)
+        self.waiting.clear()
+
+    def owed(self) -> tuple[str, int]:
+        """The stage that owes the next reply, and for which chunk (for stall reports)."""
+        if self.dit_busy:
+            return "dit", self.next_chunk - 1
+        return ("vae", self.decoding[0]) if self.decoding else ("encoder", self.done)
+
+
+@dataclass
 class Driver:
     cfg: HarnessConfig
     launcher: LocalLauncher
@@ -103,121 +155,128 @@ class Driver:
     # ---- one session ---------------------------------------------------------------------
     def run_session(self, session: int, epoch: int, seed: int, chunks: int | None = None,
                     control: "SessionControl | None" = None) -> SessionResult:
-        cfg, L = self.cfg, self.launcher
+        cfg = self.cfg
         ctl = control or SessionControl()
-        n = chunks or cfg.video.chunks_per_session
-        case_e = cfg.runtime.scheduler == "case-e"
-        max_dec = cfg.runtime.max_pending_decodes
-        save = epoch in cfg.runtime.save_epochs
-        timeout = cfg.runtime.rank_timeout_s
-        actions = ctl.actions or (lambda c: actions_for(seed, c, cfg.video.frames_per_chunk))
+        s = _Session(session=session, epoch=epoch, n=chunks or cfg.video.chunks_per_session, ctl=ctl,
+                     case_e=cfg.runtime.scheduler == "case-e", save=epoch in cfg.runtime.save_epochs,
+                     actions=ctl.actions or (lambda c: actions_for(seed, c, cfg.video.frames_per_chunk)))
+        s.start_ns = now()
+        self._open(s, seed)
+        self._drive(s)
+        return self._conclude(s)
 
-        start_ns = now()
-        start_msg = M.StartSession(session=session, epoch=epoch, seed=seed, prompt=ctl.prompt or f"session {session}",
+    def _open(self, s: _Session, seed: int) -> None:
+        L = self.launcher
+        start_msg = M.StartSession(session=s.session, epoch=s.epoch, seed=seed, prompt=s.ctl.prompt or f"session {s.session}",
                                    image_seed=seed)
-        L.send(L.lead("encoder"), M.OpenSession(session=session, epoch=epoch))
+        L.send(L.lead("encoder"), M.OpenSession(session=s.session, epoch=s.epoch))
         L.fanout("dit", start_msg)
         L.fanout("vae", start_msg)
 
-        stamps: list[dict] = [dict() for _ in range(n)]
-        extra: list[dict] = [{"gpu_ms": {}, "blocked_ns": {}, "frames": 0} for _ in range(n)]
-        hashes: list[dict] = [{} for _ in range(n)]
-        frame_sha: dict[int, list[str]] = {}
-        next_chunk, dit_busy, done = 0, False, 0
-        waiting: deque[tuple[int, M.LatentReady]] = deque()
-        decoding: deque[int] = deque()
-        frames_back = 0  # chunks whose frames reached host memory
-        cancelled = False
-
-        def may_submit() -> bool:
-            if cancelled or dit_busy or next_chunk >= n:
-                return False
-            if case_e:
-                return not waiting
-            return frames_back == next_chunk  # Case D: previous chunk is cpu_ready
-
+    def _drive(self, s: _Session) -> None:
+        """Submit chunks and decodes as the schedule allows and take the ranks' replies until every
+        chunk is delivered (or, once cancelled, every chunk in flight is finished and discarded)."""
+        L, ctl, timeout = self.launcher, s.ctl, self.cfg.runtime.rank_timeout_s
         deadline = time.monotonic() + timeout
-        watch = StallWatch(cfg.runtime.stall_report_s, session, epoch, self.stalls)
-        while done < (next_chunk if cancelled else n):
-            if not cancelled and ctl.should_cancel is not None and ctl.should_cancel(start_ns, stamps):
-                # In-flight work is finished and discarded; nothing new starts.
-                cancelled = True
-                done += len(waiting)
-                waiting.clear()
+        watch = StallWatch(self.cfg.runtime.stall_report_s, s.session, s.epoch, self.stalls)
+        while s.done < s.target:
+            if not s.cancelled and ctl.should_cancel is not None and ctl.should_cancel(s.start_ns, s.stamps):
+                s.cancel()
                 continue
-            if may_submit():
-                c = next_chunk
-                acts = actions(c)
-                stamps[c]["submit"] = now()
-                L.fanout("dit", M.GenerateChunk(session=session, chunk=c, actions=acts))
-                next_chunk, dit_busy = c + 1, True
+            if s.may_submit():
+                self._submit_chunk(s)
                 watch.progress()  # the wait for a client's actions is not a stage's stall
-            while waiting and len(decoding) < max_dec:
-                c, lat = waiting.popleft()
-                stamps[c]["decode_submit"] = now()
-                L.fanout("vae", M.DecodeChunk(session=session, epoch=epoch, chunk=c, latent=lat.latent))
-                decoding.append(c)
-                self._io.submit(self._keep_latent, epoch, c, lat.latent, save, hashes[c])
-            if may_submit():
+            self._submit_decodes(s)
+            if s.may_submit():
                 continue
-            wait_s = ctl.poll_s if ctl.should_cancel is not None and not cancelled else 1.0
+            wait_s = ctl.poll_s if ctl.should_cancel is not None and not s.cancelled else 1.0
             msgs = L.poll(min(wait_s, max(0.0, deadline - time.monotonic())))
             if not msgs and time.monotonic() > deadline:
-                raise RankFailed(f"session {session}: no progress for {timeout:.0f} s ({done} of {n} chunks done)")
+                raise RankFailed(f"session {s.session}: no progress for {timeout:.0f} s ({s.done} of {s.n} chunks done)")
             if not msgs:
-                stage, chunk = ("dit", next_chunk - 1) if dit_busy else ("vae", decoding[0]) if decoding else ("encoder", done)
-                watch.idle(stage, chunk)
+                watch.idle(*s.owed())
             for proc, msg in msgs:
                 deadline = time.monotonic() + timeout
                 watch.progress()
-                if isinstance(msg, M.LatentReady):
-                    t = now()
-                    s = stamps[msg.chunk]
-                    s.update(dit_start=msg.dit_start, dit_end=msg.dit_end, latent_ready=t)
-                    extra[msg.chunk]["gpu_ms"].update({f"dit_{k}" if k != "dit" else k: v for k, v in msg.gpu_ms.items()})
-                    dit_busy = False
-                    if cancelled:
-                        done += 1  # finished, discarded: never decoded
-                    else:
-                        waiting.append((msg.chunk, msg))
-                elif isinstance(msg, M.FramesReady):
-                    s = stamps[msg.chunk]
-                    s.update(decode_start=msg.decode_start, decode_end=msg.decode_end, gpu_ready=msg.gpu_ready, cpu_ready=msg.cpu_ready)
-                    extra[msg.chunk]["gpu_ms"].update(msg.gpu_ms)
-                    extra[msg.chunk]["blocked_ns"].update(msg.blocked_ns)
-                    extra[msg.chunk]["frames"] = msg.frames
-                    decoding.popleft()
-                    frames_back += 1
-                    # a cancelled session's frames only free their slot; nothing is encoded
-                    L.send(L.lead("encoder"), M.EncodeChunk(frames=msg, save_pixels=save and not cancelled, discard=cancelled))
-                elif isinstance(msg, M.ChunkDelivered):
-                    s = stamps[msg.chunk]
-                    s.update({k: v for k, v in (("received", msg.received), ("encoded", msg.encoded),
-                                                ("delivered", msg.delivered)) if v is not None})
-                    extra[msg.chunk]["blocked_ns"].update({k: v for k, v in msg.blocked_ns.items() if v})
-                    if msg.encoded is not None:
-                        hashes[msg.chunk]["pixels_sha256"] = msg.pixel_sha256
-                        frame_sha[msg.chunk] = msg.frame_sha256
-                    done += 1
-                    if self.on_chunk:
-                        self.on_chunk(self._event(session, epoch, msg.chunk, stamps, extra, cancelled), msg)
-                else:
-                    raise RankFailed(f"unexpected {type(msg).__name__} from {proc.name} in session {session}")
+                self._on_reply(s, proc, msg)
             if msgs:
                 watch.progress()  # on_chunk may have waited on a client: that is not a stage's stall
 
-        media, kv, ring_free = self._end_session(session, discard=cancelled and not ctl.keep_partial_media)
+    def _submit_chunk(self, s: _Session) -> None:
+        c = s.next_chunk
+        acts = s.actions(c)
+        s.stamps[c]["submit"] = now()
+        self.launcher.fanout("dit", M.GenerateChunk(session=s.session, chunk=c, actions=acts))
+        s.next_chunk, s.dit_busy = c + 1, True
+
+    def _submit_decodes(self, s: _Session) -> None:
+        """Hand waiting latents to the VAE, up to ``max_pending_decodes`` in flight."""
+        while s.waiting and len(s.decoding) < self.cfg.runtime.max_pending_decodes:
+            c, lat = s.waiting.popleft()
+            s.stamps[c]["decode_submit"] = now()
+            self.launcher.fanout("vae", M.DecodeChunk(session=s.session, epoch=s.epoch, chunk=c, latent=lat.latent))
+            s.decoding.append(c)
+            self._io.submit(self._keep_latent, s.epoch, c, lat.latent, s.save, s.hashes[c])
+
+    def _on_reply(self, s: _Session, proc, msg) -> None:
+        if isinstance(msg, M.LatentReady):
+            self._on_latent(s, msg)
+        elif isinstance(msg, M.FramesReady):
+            self._on_frames(s, msg)
+        elif isinstance(msg, M.ChunkDelivered):
+            self._on_delivered(s, msg)
+        else:
+            raise RankFailed(f"unexpected {type(msg).__name__} from {proc.name} in session {s.session}")
+
+    def _on_latent(self, s: _Session, msg: M.LatentReady) -> None:
+        t = now()
+        s.stamps[msg.chunk].update(dit_start=msg.dit_start, dit_end=msg.dit_end, latent_ready=t)
+        s.extra[msg.chunk]["gpu_ms"].update({f"dit_{k}" if k != "dit" else k: v for k, v in msg.gpu_ms.items()})
+        s.dit_busy = False
+        if s.cancelled:
+            s.done += 1  # finished, discarded: never decoded
+        else:
+            s.waiting.append((msg.chunk, msg))
+
+    def _on_frames(self, s: _Session, msg: M.FramesReady) -> None:
+        s.stamps[msg.chunk].update(decode_start=msg.decode_start, decode_end=msg.decode_end, gpu_ready=msg.gpu_ready,
+                                   cpu_ready=msg.cpu_ready)
+        extra = s.extra[msg.chunk]
+        extra["gpu_ms"].update(msg.gpu_ms)
+        extra["blocked_ns"].update(msg.blocked_ns)
+        extra["frames"] = msg.frames
+        s.decoding.popleft()
+        s.frames_back += 1
+        # a cancelled session's frames only free their slot; nothing is encoded
+        L = self.launcher
+        L.send(L.lead("encoder"), M.EncodeChunk(frames=msg, save_pixels=s.save and not s.cancelled, discard=s.cancelled))
+
+    def _on_delivered(self, s: _Session, msg: M.ChunkDelivered) -> None:
+        s.stamps[msg.chunk].update({k: v for k, v in (("received", msg.received), ("encoded", msg.encoded),
+                                                      ("delivered", msg.delivered)) if v is not None})
+        s.extra[msg.chunk]["blocked_ns"].update({k: v for k, v in msg.blocked_ns.items() if v})
+        if msg.encoded is not None:
+            s.hashes[msg.chunk]["pixels_sha256"] = msg.pixel_sha256
+            s.frame_sha[msg.chunk] = msg.frame_sha256
+        s.done += 1
+        if self.on_chunk:
+            self.on_chunk(self._event(s.session, s.epoch, msg.chunk, s.stamps, s.extra, s.cancelled), msg)
+
+    def _conclude(self, s: _Session) -> SessionResult:
+        """End the session on every rank and gather its result; a cancelled session's chunks that
+        never reached the encoder still get their event row."""
+        media, kv, ring_free = self._end_session(s.session, discard=s.cancelled and not s.ctl.keep_partial_media)
         self._io.submit(lambda: None).result()  # latent saves/hashes of this session are done
-        m = next_chunk if cancelled else n
-        events = [self._event(session, epoch, c, stamps, extra, cancelled) for c in range(m)]
-        if cancelled and self.on_chunk:  # chunks that never reached the encoder still get their row
+        m = s.target
+        events = [self._event(s.session, s.epoch, c, s.stamps, s.extra, s.cancelled) for c in range(m)]
+        if s.cancelled and self.on_chunk:
             for c in range(m):
-                if "received" not in stamps[c]:
+                if "received" not in s.stamps[c]:
                     self.on_chunk(events[c], None)
-        records = [] if cancelled else [dict(epoch=epoch, session=session, chunk=c, **hashes[c]) for c in range(n)]
-        start = SessionStart(session=session, epoch=epoch, start_ns=start_ns, cancelled=cancelled)
-        return SessionResult(start, events, [h for c in range(m) for h in frame_sha.get(c, [])], records, media, kv,
-                             ring_free, cancelled)
+        records = [] if s.cancelled else [dict(epoch=s.epoch, session=s.session, chunk=c, **s.hashes[c]) for c in range(s.n)]
+        start = SessionStart(session=s.session, epoch=s.epoch, start_ns=s.start_ns, cancelled=s.cancelled)
+        return SessionResult(start, events, [h for c in range(m) for h in s.frame_sha.get(c, [])], records, media, kv,
+                             ring_free, s.cancelled)
 
     def _end_session(self, session: int, discard: bool = False):
         L = self.launcher
@@ -246,8 +305,6 @@ class Driver:
         """Off the critical path: hash every chunk's latent, save those of the saved epochs."""
         record["latent_sha256"] = hashlib.sha256(latent.data).hexdigest()
         if save:
-            from harness.measure.gates import save_latent
-
             save_latent(self.run_dir, epoch, chunk, latent.array())
 
     @staticmethod

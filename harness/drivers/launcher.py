@@ -8,12 +8,15 @@ noticed through its process sentinel, not through a timeout, so the error names 
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
 import os
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Callable
+
+import torch
 
 from harness.config import HarnessConfig
 from harness.drivers.signals import held
@@ -50,8 +53,6 @@ def placement(cfg: HarnessConfig, device: str) -> dict[str, list[str]]:
     sp, m = cfg.parallel.sp, cfg.parallel.vae_ranks
     if device == "cpu":
         return {"dit": ["cpu"] * sp, "vae": ["cpu"] * m}
-    import torch
-
     n = torch.cuda.device_count()
     if n == 0:
         raise HarnessError("--device cuda but no CUDA device is visible")
@@ -86,18 +87,19 @@ def sharing_warning(places: dict[str, list[str]], scheduler: str, mps: bool) -> 
             "the GPU, so Case E cannot overlap decode with the DiT there (start MPS, or use --vae-gpus)")
 
 
-def _entry(role: str) -> Callable:
-    if role == "dit":
-        from harness.workers.dit_worker import main
-    elif role == "vae":
-        from harness.workers.vae_worker import main
-    else:
-        from harness.workers.encoder_worker import main
-    return main
+#: role → the module whose ``main(spec, conn)`` a rank of that role runs. Each rank imports its own
+#: only: the VAE worker's engine imports torch._dynamo (about 1 s), which the driver and the
+#: encoder stage never need.
+WORKERS = {"dit": "harness.workers.dit_worker", "vae": "harness.workers.vae_worker",
+           "encoder": "harness.workers.encoder_worker"}
+
+
+def worker_main(role: str) -> Callable:
+    return importlib.import_module(WORKERS[role]).main
 
 
 def _run(role: str, spec: WorkerSpec, conn: Connection) -> None:  # spawn target
-    _entry(role)(spec, conn)
+    worker_main(role)(spec, conn)
 
 
 class Addressing:
@@ -262,8 +264,6 @@ class LocalLauncher(Addressing):
 
 def _cpu_threads(cfg: HarnessConfig) -> int:
     """Share the host's cores among the compute ranks on CPU; one thread each on GPU."""
-    import os
-
     if cfg.runtime.device != "cpu":
         return 1
     ranks = cfg.parallel.sp + cfg.parallel.vae_ranks

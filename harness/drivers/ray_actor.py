@@ -21,7 +21,11 @@ import socket
 
 import msgspec
 
+from harness.drivers.launcher import worker_main
 from harness.pipeline import messages as M
+from harness.pipeline.channel import Listener, RingReceiver, RingSender, connect, host_id
+from harness.pipeline.ring import FrameRing, RingSpec
+from harness.workers.common import WorkerSpec
 
 #: outgoing boundary fields that are on the sender's clock (Pong.sent_ns is the driver's own)
 _CLOCK_FIELDS = {
@@ -82,14 +86,12 @@ class WorkerConn:
         self.conn.close()
 
 
-def _entry(role: str):
-    if role == "dit":
-        from harness.workers.dit_worker import main
-    elif role == "vae":
-        from harness.workers.vae_worker import main
-    else:
-        from harness.workers.encoder_worker import main
-    return main
+def _ray():
+    # On use: ray is an optional extra, and the connection wrappers above are used without it (it
+    # is always there inside an actor).
+    import ray
+
+    return ray
 
 
 class RankActor:
@@ -102,10 +104,7 @@ class RankActor:
         self._frames = None  # Listener for the frame channel (encoder stage, frames crossing hosts)
 
     def describe(self) -> dict:
-        import ray
-
-        from harness.pipeline.channel import host_id
-
+        ray = _ray()
         ctx = ray.get_runtime_context()
         try:
             gpus = [str(g) for g in ray.get_gpu_ids()]
@@ -116,24 +115,16 @@ class RankActor:
 
     def free_port(self) -> int:
         """A port free on this node now (the torch.distributed rendezvous, when this is rank 0)."""
-        import ray
-
         with socket.socket() as s:
-            s.bind((ray.util.get_node_ip_address(), 0))
+            s.bind((_ray().util.get_node_ip_address(), 0))
             return s.getsockname()[1]
 
     def make_ring(self, prefix: str, slots: int, slot_bytes: int) -> dict:
-        from harness.pipeline.ring import FrameRing
-
         self._ring = FrameRing.create(prefix, slots, slot_bytes)
         return msgspec.to_builtins(self._ring.spec)
 
     def listen_frames(self, token: str) -> tuple[str, int]:
-        import ray
-
-        from harness.pipeline.channel import Listener
-
-        self._frames = Listener(ray.util.get_node_ip_address(), token)
+        self._frames = Listener(_ray().util.get_node_ip_address(), token)
         return self._frames.address
 
     def run(self, role: str, spec_raw: bytes, driver: tuple[str, int], token: str,
@@ -142,9 +133,6 @@ class RankActor:
 
         ``frames``: ``{"send": (host, port)}`` for VAE rank 0 or ``{"receive": ring_spec}`` for the
         encoder stage when frames cross hosts, else None."""
-        from harness.pipeline.channel import RingReceiver, RingSender, connect
-        from harness.workers.common import WorkerSpec
-
         spec = msgspec.msgpack.decode(spec_raw, type=WorkerSpec)
         if spec.run_dir:
             os.makedirs(spec.run_dir, exist_ok=True)  # another host: hook reports land on its disk
@@ -155,8 +143,6 @@ class RankActor:
                 fconn, _ = connect(tuple(frames["send"]), token, {"role": "frames", "rank": spec.rank})
                 sender = RingSender(self._ring, fconn)
             elif frames and "receive" in frames:
-                from harness.pipeline.ring import FrameRing, RingSpec
-
                 ring = FrameRing.attach(msgspec.convert(frames["receive"], RingSpec))
                 got = self._frames.accept(timeout=spec.cfg.runtime.rank_timeout_s)
                 if got is None:
@@ -164,7 +150,7 @@ class RankActor:
                 receiver = RingReceiver(ring, got[0])
             wconn = WorkerConn(conn, offset, sender, receiver, wait_s=spec.cfg.runtime.rank_timeout_s)
             try:
-                _entry(role)(spec, wconn)
+                worker_main(role)(spec, wconn)
             except SystemExit as e:  # the worker's "exit 1" after reporting; keep the actor for a clean kill
                 return int(e.code or 0) if not isinstance(e.code, str) else 1
             return 0

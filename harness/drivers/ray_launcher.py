@@ -40,8 +40,11 @@ import msgspec
 
 from harness.config import HarnessConfig
 from harness.drivers.launcher import Addressing, RankFailed
+from harness.drivers.procwatch import wait_gone
+from harness.drivers.ray_actor import RankActor
 from harness.errors import HarnessError
 from harness.pipeline import messages as M
+from harness.pipeline.channel import Listener, host_id
 from harness.workers.common import WorkerSpec, needs_world
 
 FRAME_PATHS = ("auto", "ring", "socket")
@@ -53,7 +56,7 @@ def import_ray():
     # A serving harness has no business phoning home; a user who wants Ray's usage stats says so (=1).
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
-        import ray
+        import ray  # an optional extra: refused with the install command when absent
     except ImportError:
         raise HarnessError("--launcher ray needs the ray package: pip install 'harness[ray]' (or pip install ray)") from None
     return ray
@@ -112,9 +115,28 @@ class RayLauncher(Addressing):
 
     # ---- start ------------------------------------------------------------------------------
     def start(self) -> None:
+        """Place one actor per rank, choose how frames travel, start every rank's worker and wait
+        until each has said Ready: the steps below, in the order they run."""
         ray = import_ray()
-        cfg = self.cfg
-        timeout = cfg.runtime.rank_timeout_s
+        timeout = self.cfg.runtime.rank_timeout_s
+        nodes, driver_node, driver_ip = self._join_cluster(ray)
+        bundles, plan = self._place(ray, nodes, driver_node, driver_ip, timeout)
+        self._spawn_actors(ray, plan, timeout)
+        path, vae_ring, frames = self._choose_frames(driver_node, driver_ip, timeout)
+        dist_host, dist_port = self._rendezvous(timeout)
+        self._listener = Listener(driver_ip, self._token)
+        self._run_workers(vae_ring, frames, dist_host, dist_port)
+        self._describe = {
+            "name": "ray", "address": self.address, "strategy": self.strategy, "frame_path": path,
+            "driver": driver_ip, "rendezvous": f"{dist_host}:{dist_port}" if dist_port else None,
+            "bundles": bundles, "ranks": {p.name: {"node": p.info["ip"], "bundle": p.bundle, "cpus": p.num_cpus,
+                                                   "gpus": p.num_gpus, "gpu_ids": p.info["gpu_ids"]} for p in self.procs},
+        }
+        self._accept_all(timeout)
+        self._await_ready(timeout)
+
+    def _join_cluster(self, ray) -> tuple[dict[str, dict], str, str]:
+        """Alive nodes by id, the driver's node id and its IP (starting Ray here when none runs)."""
         if not ray.is_initialized():
             ray.init(address=self.address, log_to_driver=True)
             self._owns_ray = True
@@ -122,28 +144,31 @@ class RayLauncher(Addressing):
         nodes = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
         if driver_node not in nodes:
             raise HarnessError("the driver must run on a node of the Ray cluster (not through Ray Client)")
-        driver_ip = nodes[driver_node]["NodeManagerAddress"]
+        return nodes, driver_node, nodes[driver_node]["NodeManagerAddress"]
 
+    def _place(self, ray, nodes: dict[str, dict], driver_node: str, driver_ip: str, timeout: float) -> tuple[list[dict], list]:
+        """The bundles and the per-actor plan (``_plan``), reserved as one placement group."""
+        cfg = self.cfg
         cpus = self.cpus_per_rank or _fair_cpus(ray.cluster_resources().get("CPU", 1.0), cfg.parallel.sp + cfg.parallel.vae_ranks + 1)
         bundles, plan = _plan(cfg, cpus)
         self._pin(bundles, plan, nodes[driver_node], driver_ip)
         plan = _fit_encoder(bundles, plan, nodes[driver_node])
         _check_feasible(bundles, list(nodes.values()))
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        self._pg = placement_group(bundles, strategy=self.strategy, name=f"harness-{os.getpid()}-{self._token[:6]}")
+        self._pg = ray.util.placement_group(bundles, strategy=self.strategy, name=f"harness-{os.getpid()}-{self._token[:6]}")
         ready, _ = ray.wait([self._pg.ready()], timeout=timeout)
         if not ready:
             raise RankFailed(f"Ray could not place {len(bundles)} bundles {bundles} within {timeout:.0f} s "
                              f"(cluster resources: {_short(ray.cluster_resources())})")
-        from harness.drivers.ray_actor import RankActor
+        return bundles, plan
 
+    def _spawn_actors(self, ray, plan: list, timeout: float) -> None:
+        """One actor per rank in its bundle; each says where it landed (``RankActor.describe``)."""
         remote = ray.remote(RankActor)
+        in_bundle = ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy
         for role, rank, b, c, g in plan:
             actor = remote.options(
                 num_cpus=c, num_gpus=g, max_restarts=0, max_task_retries=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=b),
+                scheduling_strategy=in_bundle(self._pg, placement_group_bundle_index=b),
             ).remote()
             self.procs.append(ActorProc(role, rank, actor, b, c, g))
         refs = [p.actor.describe.remote() for p in self.procs]
@@ -151,10 +176,10 @@ class RayLauncher(Addressing):
             p.info = self._get(ref, p, timeout, "could not start")
             p.process.pid = p.info["pid"]
 
-        # Frames: shared memory when VAE rank 0 sits with the encoder (pinned to this node).
+    def _choose_frames(self, driver_node: str, driver_ip: str, timeout: float) -> tuple[str, dict, dict]:
+        """The frame path (ring | socket), VAE rank 0's ring spec and each rank's frame channel
+        arguments: shared memory when VAE rank 0 sits with the encoder (pinned to this node)."""
         vae0, enc = self.lead("vae"), self.lead("encoder")
-        from harness.pipeline.channel import host_id
-
         if enc.info["host"] != host_id():  # it attaches the driver's ring and writes the run directory
             raise HarnessError(f"the encoder stage was placed on {enc.info['ip']}, not on the driver's host "
                                f"(two Ray nodes with the driver's IP {driver_ip}?)")
@@ -170,17 +195,18 @@ class RayLauncher(Addressing):
                                  vae0, timeout, "could not create its frame ring")
             addr = self._get(enc.actor.listen_frames.remote(self._token), enc, timeout, "could not open the frame channel")
             frames = {("vae", 0): {"send": tuple(addr)}, ("encoder", 0): {"receive": self.ring_spec}}
+        return path, vae_ring, frames
 
-        # Rendezvous at global rank 0 (DiT rank 0), on a port that is free on its node.
-        dist_host, dist_port = "127.0.0.1", 0
-        if needs_world(cfg):
-            dit0 = self.lead("dit")
-            dist_host = dit0.info["ip"]
-            dist_port = self._get(dit0.actor.free_port.remote(), dit0, timeout, "could not find a free port")
+    def _rendezvous(self, timeout: float) -> tuple[str, int]:
+        """torch.distributed's rendezvous: global rank 0 (DiT rank 0), on a port free on its node."""
+        if not needs_world(self.cfg):
+            return "127.0.0.1", 0
+        dit0 = self.lead("dit")
+        return dit0.info["ip"], self._get(dit0.actor.free_port.remote(), dit0, timeout, "could not find a free port")
 
-        from harness.pipeline.channel import Listener
-
-        self._listener = Listener(driver_ip, self._token)
+    def _run_workers(self, vae_ring: dict, frames: dict, dist_host: str, dist_port: int) -> None:
+        """Start every actor's ``run``: it connects back to the listener and runs its worker."""
+        cfg = self.cfg
         det = cfg.runtime.mode == "deterministic"
         for p in self.procs:
             ring = None
@@ -197,13 +223,8 @@ class RayLauncher(Addressing):
             )
             p.run_ref = p.actor.run.remote(p.role, msgspec.msgpack.encode(spec), self._listener.address, self._token,
                                            frames.get((p.role, p.rank)))
-        self._describe = {
-            "name": "ray", "address": self.address, "strategy": self.strategy, "frame_path": path,
-            "driver": driver_ip, "rendezvous": f"{dist_host}:{dist_port}" if dist_port else None,
-            "bundles": bundles, "ranks": {p.name: {"node": p.info["ip"], "bundle": p.bundle, "cpus": p.num_cpus,
-                                                   "gpus": p.num_gpus, "gpu_ids": p.info["gpu_ids"]} for p in self.procs},
-        }
-        self._accept_all(timeout)
+
+    def _await_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while any(p.ready is None for p in self.procs):
             if time.monotonic() > deadline:
@@ -321,8 +342,6 @@ class RayLauncher(Addressing):
 
     def _death(self, p: ActorProc) -> RankFailed:
         ray = import_ray()
-        from ray.exceptions import GetTimeoutError, RayActorError
-
         verb, how = "died", ""
         if p.run_ref is None:
             how = "its connection closed"
@@ -330,9 +349,9 @@ class RayLauncher(Addressing):
             try:
                 code = ray.get(p.run_ref, timeout=5.0)
                 verb, how = "exited", f"worker returned status {code} without reporting an error"
-            except RayActorError as e:
+            except ray.exceptions.RayActorError as e:
                 how = f"actor process ended ({_exit_type(e)})"
-            except GetTimeoutError:
+            except ray.exceptions.GetTimeoutError:
                 how = "its connection closed and Ray has not yet reported the actor dead"
             except Exception as e:
                 verb, how = "failed", _first_line(e)
@@ -387,8 +406,6 @@ class RayLauncher(Addressing):
 
     def pids(self) -> list[int]:
         """Actor pids on this host (a pid on another host means nothing here)."""
-        from harness.pipeline.channel import host_id
-
         me = host_id()
         return [p.info["pid"] for p in self.procs if p.info.get("host") == me]
 
@@ -456,21 +473,17 @@ def _fair_cpus(total: float, actors: int) -> float:
 
 
 def _wait_local_pids_gone(procs: list[ActorProc], timeout: float) -> None:
-    from harness.drivers.procwatch import wait_gone
-    from harness.pipeline.channel import host_id
-
     me = host_id()
     wait_gone([p.info["pid"] for p in procs if p.info.get("host") == me], timeout)
 
 
 def _remove_placement_group(pg, timeout: float) -> None:
     """Remove and wait (bounded) until Ray says so: its resources are free when we return."""
-    from ray.util.placement_group import placement_group_table, remove_placement_group
-
+    ray = import_ray()
     try:
-        remove_placement_group(pg)
+        ray.util.remove_placement_group(pg)
         deadline = time.monotonic() + timeout
-        while placement_group_table(pg).get("state") != "REMOVED" and time.monotonic() < deadline:
+        while ray.util.placement_group_table(pg).get("state") != "REMOVED" and time.monotonic() < deadline:
             time.sleep(0.05)
     except Exception:
         pass

@@ -17,7 +17,11 @@ import sys
 from pathlib import Path
 
 import msgspec
+import numpy
+import torch
 
+from harness.config import to_dict
+from harness.drivers.runstate import claim_out
 from harness.errors import HarnessError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -25,8 +29,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def new_run_dir(out: str | None, name: str, overwrite: bool = False) -> Path:
     """A fresh run directory: an existing non-empty one is refused unless ``overwrite`` (runstate.claim_out)."""
-    from harness.drivers.runstate import claim_out
-
     if out:
         path = Path(out)
     else:
@@ -84,9 +86,6 @@ def git_state() -> dict:
 
 
 def versions() -> dict:
-    import numpy
-    import torch
-
     v = {
         "python": platform.python_version(),
         "torch": str(torch.__version__),
@@ -97,7 +96,7 @@ def versions() -> dict:
         "platform": platform.platform(),
     }
     try:
-        import av
+        import av  # optional here: recorded when installed (a GPU host that encodes nothing may lack it)
 
         v["av"] = av.__version__
     except ImportError:
@@ -121,8 +120,6 @@ def command_line(argv: list[str]) -> list[str]:
 
 
 def manifest(cfg, *, candidates, hooks, placement, devices, extra=None) -> dict:
-    from harness.config import to_dict
-
     cfg_d = to_dict(cfg)
     return {
         "command": command_line(sys.argv),

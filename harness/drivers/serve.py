@@ -16,19 +16,30 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import msgspec
+import torch
+from tqdm import tqdm
 
+from harness.candidates import configure
 from harness.config import HarnessConfig, VAE_TEMPORAL
 from harness.drivers.driver import Driver, SessionResult
 from harness.drivers.launcher import LocalLauncher, mps_running, shared_gpus, sharing_warning
+from harness.drivers.ray_launcher import RayLauncher
 from harness.drivers.rundir import manifest, new_run_dir, write_json, write_jsonl
 from harness.drivers.runstate import owner_record, reap_dead_rings
 from harness.drivers.signals import ending, received as signals_received
-from harness.errors import RunFailed
-from harness.measure.events import ChunkEvent
+from harness.engine import backends
+from harness.errors import HarnessError, RunFailed
+from harness.hooks import DRIVER_REPORT, parse_hooks, trace_report
+from harness.hooks.trace import write_trace
+from harness.limits import check_fits
+from harness.measure.events import ChunkEvent, read_events
 from harness.measure.metrics import Window, window_for
+from harness.measure.summary import build_summary
+from harness.pipeline.ring import FrameRing
+from harness.workers.encoder_worker import check_sink_spec
 
 
 @dataclass
@@ -81,92 +92,135 @@ def ring_slot_bytes(cfg: HarnessConfig) -> int:
 
 
 def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionResult], None] | None = None) -> ServeResult:
-    from harness.candidates import configure
-    from harness.pipeline.ring import FrameRing
-
-    from harness.hooks import parse_hooks
-
-    from harness.engine import backends
-
-    backends.check(cfg)  # e.g. --engine vllm-omni without the extra: the install command, now
-    cfg = configure(opts.candidates, cfg)  # refuses unknown/conflicting/inapplicable ids before anything starts
-    from harness.workers.encoder_worker import check_sink_spec
-
-    check_sink_spec(cfg.runtime.sink)  # a bad sink fails here, not as a dead encoder after launch
-    from harness.limits import check_fits
-
-    memory_estimate = check_fits(cfg, device_memory(cfg))  # before the ring or any rank takes memory
-    hookset = parse_hooks(opts.hooks)
-    opts = ServeOptions(**{**opts.__dict__, "hooks": hookset.items()})
-    run_dir = new_run_dir(opts.out, cfg.name, opts.overwrite)
-    reap_dead_rings()  # segments of runs whose whole process group was killed
-    prefix = f"harness-{os.getpid()}-{secrets.token_hex(3)}"
-    results: list[SessionResult] = []
-    status, error, probes = "running", None, {}
-    man = manifest(cfg, candidates=opts.candidates, hooks=opts.hooks, placement=None, devices=None,
-                   extra={"status": status, "owner": owner_record(), "memory_estimate_bytes": memory_estimate,
-                          "engine": backends.describe(cfg)})
-    man["protocol"].update(opts.protocol, window=msgspec.to_builtins(window_for(cfg.video.chunks_per_session)))
-    _write_manifest(run_dir, man, starting=True)
-    enc = msgspec.json.Encoder()
-    ring = launcher = events_f = driver = None
-
-    def on_chunk(ev: ChunkEvent, _reply=None) -> None:
-        events_f.write(enc.encode(ev) + b"\n")
-        events_f.flush()
-
+    """Refuse bad input, claim the run directory, launch and run the sessions; whatever happens,
+    reap every process and write how the run ended (the steps below, in order)."""
+    cfg, opts, memory_estimate = _preflight(cfg, opts)
+    run = _open_run(cfg, opts, memory_estimate)
     try:  # from here every exit path (a signal during start-up included) ends in the finally below
-        ring = FrameRing.create(prefix, cfg.runtime.ring_slots, ring_slot_bytes(cfg))
-        man["ring"] = {"slots": cfg.runtime.ring_slots, "slot_bytes": ring.spec.slot_bytes}
-        launcher = make_launcher(opts, cfg, str(run_dir), msgspec.to_builtins(ring.spec))
-        events_f = open(run_dir / "events.jsonl", "wb")
-        launcher.start()
-        _record_placement(man, launcher, cfg)
-        write_json(run_dir / "manifest.json", man)
-        driver = Driver(cfg, launcher, run_dir, on_chunk=on_chunk)
-        if opts.probes:
-            rt = sorted(driver.control_round_trip_ns(20))
-            probes["control_round_trip_ns_p50"] = rt[len(rt) // 2]
-        _run_sessions(cfg, opts, driver, launcher, run_dir, on_chunk, results, on_session)
-        status = "complete"
+        _launch_and_run(run, on_session)
+        run.status = "complete"
     except BaseException as e:
-        cause = explain_failure(launcher, e) if launcher is not None else e
-        status, error = ending(cause)
-        if isinstance(cause, OSError) and cause.errno in _DISK_FULL:
-            cause = RunFailed(f"run directory {run_dir}: {cause.strerror}")
+        cause = _failure(run, e)
         if cause is not e:
             raise cause from e
         raise
     finally:
-        if driver is not None:
-            driver.close()
-        # After a failure, collective peers of a dead rank may never reach their Shutdown message.
-        pids = []
-        if launcher is not None:
-            launcher.shutdown(grace_s=10.0 if status != "failed" else 3.0)
-            pids = launcher.pids()
-        if ring is not None:
-            ring.close()
-            ring.unlink()
-        if events_f is not None:
-            events_f.close()
-        # serve --listen ends by a signal as its normal way out (graceful: the live session is
-        # cancelled, the rest served): complete, and the manifest says which signal
-        man["stopped_by"] = signals_received()
-        ran_ok = status == "complete"
-        summary, unwritten = {}, None
-        try:
-            summary = _finish(run_dir, cfg, results, status, error, probes, opts, driver.stalls if driver else [])
-        except OSError as e:  # e.g. a full disk: say so, and claim no summary
-            unwritten = f"summary not written: {e.strerror or e}"
-            (run_dir / "summary.json").unlink(missing_ok=True)
-            status, error = "failed", f"{error}; {unwritten}" if error else unwritten
-        man.update(status=status, error=error, ended=_dt.datetime.now(_dt.timezone.utc).isoformat(),
+        summary = _close_run(run)
+    return ServeResult(run.run_dir, run.results, summary, run.prefix, run.pids)
+
+
+@dataclass
+class _Run:
+    """What the steps of one ``serve`` share, from the run directory to the last file written."""
+
+    cfg: HarnessConfig
+    opts: ServeOptions
+    run_dir: Path
+    man: dict  # the manifest, rewritten as the run goes
+    prefix: str  # the frame ring's shared-memory name prefix
+    results: list[SessionResult] = field(default_factory=list)
+    status: str = "running"
+    error: str | None = None
+    probes: dict = field(default_factory=dict)
+    ring: FrameRing | None = None
+    launcher: Any = None
+    events_f: Any = None
+    driver: Driver | None = None
+    pids: list[int] = field(default_factory=list)
+    enc: msgspec.json.Encoder = field(default_factory=msgspec.json.Encoder)
+
+    def on_chunk(self, ev: ChunkEvent, _reply=None) -> None:
+        self.events_f.write(self.enc.encode(ev) + b"\n")
+        self.events_f.flush()
+
+
+def _preflight(cfg: HarnessConfig, opts: ServeOptions) -> tuple[HarnessConfig, ServeOptions, int | None]:
+    """Everything refused before anything is allocated or started; the configured config, the
+    options with their hooks resolved, and the memory estimate."""
+    backends.check(cfg)  # e.g. --engine vllm-omni without the extra: the install command, now
+    cfg = configure(opts.candidates, cfg)  # refuses unknown/conflicting/inapplicable ids before anything starts
+    check_sink_spec(cfg.runtime.sink)  # a bad sink fails here, not as a dead encoder after launch
+    memory_estimate = check_fits(cfg, device_memory(cfg))  # before the ring or any rank takes memory
+    hookset = parse_hooks(opts.hooks)
+    return cfg, ServeOptions(**{**opts.__dict__, "hooks": hookset.items()}), memory_estimate
+
+
+def _open_run(cfg: HarnessConfig, opts: ServeOptions, memory_estimate: int | None) -> _Run:
+    """The run directory with its first manifest (status ``running``, and who owns the run)."""
+    run_dir = new_run_dir(opts.out, cfg.name, opts.overwrite)
+    reap_dead_rings()  # segments of runs whose whole process group was killed
+    prefix = f"harness-{os.getpid()}-{secrets.token_hex(3)}"
+    man = manifest(cfg, candidates=opts.candidates, hooks=opts.hooks, placement=None, devices=None,
+                   extra={"status": "running", "owner": owner_record(), "memory_estimate_bytes": memory_estimate,
+                          "engine": backends.describe(cfg)})
+    man["protocol"].update(opts.protocol, window=msgspec.to_builtins(window_for(cfg.video.chunks_per_session)))
+    _write_manifest(run_dir, man, starting=True)
+    return _Run(cfg, opts, run_dir, man, prefix)
+
+
+def _launch_and_run(run: _Run, on_session: Callable[[SessionResult], None] | None) -> None:
+    """The frame ring, the ranks, the control probe, then the sessions."""
+    cfg, opts = run.cfg, run.opts
+    run.ring = FrameRing.create(run.prefix, cfg.runtime.ring_slots, ring_slot_bytes(cfg))
+    run.man["ring"] = {"slots": cfg.runtime.ring_slots, "slot_bytes": run.ring.spec.slot_bytes}
+    run.launcher = make_launcher(opts, cfg, str(run.run_dir), msgspec.to_builtins(run.ring.spec))
+    run.events_f = open(run.run_dir / "events.jsonl", "wb")
+    run.launcher.start()
+    _record_placement(run.man, run.launcher, cfg)
+    write_json(run.run_dir / "manifest.json", run.man)
+    run.driver = Driver(cfg, run.launcher, run.run_dir, on_chunk=run.on_chunk)
+    if opts.probes:
+        rt = sorted(run.driver.control_round_trip_ns(20))
+        run.probes["control_round_trip_ns_p50"] = rt[len(rt) // 2]
+    _run_sessions(cfg, opts, run.driver, run.launcher, run.run_dir, run.on_chunk, run.results, on_session)
+
+
+def _failure(run: _Run, e: BaseException) -> BaseException:
+    """The error to raise for a run that failed with ``e`` (the rank behind a symptom, a full disk
+    said as such); the run's status and error are recorded from it."""
+    cause = explain_failure(run.launcher, e) if run.launcher is not None else e
+    run.status, run.error = ending(cause)
+    if isinstance(cause, OSError) and cause.errno in _DISK_FULL:
+        cause = RunFailed(f"run directory {run.run_dir}: {cause.strerror}")
+    return cause
+
+
+def _reap(run: _Run) -> None:
+    """Every process, the ring and the events file, whatever state the run reached."""
+    if run.driver is not None:
+        run.driver.close()
+    # After a failure, collective peers of a dead rank may never reach their Shutdown message.
+    if run.launcher is not None:
+        run.launcher.shutdown(grace_s=10.0 if run.status != "failed" else 3.0)
+        run.pids = run.launcher.pids()
+    if run.ring is not None:
+        run.ring.close()
+        run.ring.unlink()
+    if run.events_f is not None:
+        run.events_f.close()
+
+
+def _close_run(run: _Run) -> dict:
+    """Reap, then the summary and the final manifest (how the run ended); returns the summary."""
+    _reap(run)
+    # serve --listen ends by a signal as its normal way out (graceful: the live session is
+    # cancelled, the rest served): complete, and the manifest says which signal
+    run.man["stopped_by"] = signals_received()
+    ran_ok = run.status == "complete"
+    summary, unwritten = {}, None
+    try:
+        summary = _finish(run.run_dir, run.cfg, run.results, run.status, run.error, run.probes, run.opts,
+                          run.driver.stalls if run.driver else [])
+    except OSError as e:  # e.g. a full disk: say so, and claim no summary
+        unwritten = f"summary not written: {e.strerror or e}"
+        (run.run_dir / "summary.json").unlink(missing_ok=True)
+        run.status, run.error = "failed", f"{run.error}; {unwritten}" if run.error else unwritten
+    run.man.update(status=run.status, error=run.error, ended=_dt.datetime.now(_dt.timezone.utc).isoformat(),
                    summary="summary.json" if unwritten is None else None)
-        _write_manifest(run_dir, man)
-        if ran_ok and unwritten:  # nothing else is in flight: this is the run's error
-            raise RunFailed(f"run directory {run_dir}: {unwritten}")
-    return ServeResult(run_dir, results, summary, prefix, pids)
+    _write_manifest(run.run_dir, run.man)
+    if ran_ok and unwritten:  # nothing else is in flight: this is the run's error
+        raise RunFailed(f"run directory {run.run_dir}: {unwritten}")
+    return summary
 
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -217,8 +271,6 @@ def device_memory(cfg: HarnessConfig) -> int | None:
     """Bytes of the smallest GPU the DiT ranks use (None on CPU, or when no GPU is visible here)."""
     if cfg.runtime.device != "cuda":
         return None
-    import torch
-
     if not torch.cuda.is_available():
         return None
     n = torch.cuda.device_count()
@@ -229,21 +281,14 @@ def device_memory(cfg: HarnessConfig) -> int | None:
 
 def make_launcher(opts: ServeOptions, cfg: HarnessConfig, run_dir: str, ring_spec: dict):
     if opts.launcher == "ray":
-        from harness.drivers.ray_launcher import RayLauncher
-
         return RayLauncher(cfg, run_dir, ring_spec, opts.candidates, opts.hooks, dict(opts.faults), **opts.launcher_options)
     if opts.launcher != "local":
-        from harness.errors import HarnessError
-
         raise HarnessError(f"unknown launcher {opts.launcher!r} (known: local, ray)")
     return LocalLauncher(cfg, run_dir, ring_spec, opts.candidates, opts.hooks, dict(opts.faults))
 
 
 def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], status: str, error: str | None,
             probes: dict, opts: ServeOptions, stalls: list[dict] = ()) -> dict:
-    from harness.measure.events import read_events
-    from harness.measure.summary import build_summary
-
     write_jsonl(run_dir / "sessions.jsonl", [r.start for r in results])
     write_jsonl(run_dir / "outputs" / "hashes.jsonl", [h for r in results for h in r.chunk_hashes])
     write_jsonl(run_dir / "frames.jsonl", [{"session": r.start.session, "frame_sha256": r.frame_sha256} for r in results])
@@ -256,9 +301,6 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
         summary["error"] = error
     summary["hooks"] = list(opts.hooks)
     if "trace" in opts.hooks and events:
-        from harness.hooks import DRIVER_REPORT, trace_report
-        from harness.hooks.trace import write_trace
-
         t = time.perf_counter_ns()
         write_trace(events, run_dir / "trace.json")
         write_json(run_dir / DRIVER_REPORT, trace_report(run_dir / "trace.json", len(events), time.perf_counter_ns() - t))
@@ -282,8 +324,6 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
 def _progress(cfg: HarnessConfig, enabled: bool):
     if not enabled:
         return None
-    from tqdm import tqdm
-
     return tqdm(total=cfg.runtime.sessions * cfg.video.chunks_per_session, unit="chunk", desc="serve", leave=False)
 
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from harness.engine import fa3
 from harness.errors import HarnessError
 from harness.hooks import registries
 
@@ -167,8 +168,6 @@ def cross_attention(q: Tensor, k: Tensor, v: Tensor, *, attend: DenseFn) -> Tens
 
 
 def _register_fa3() -> None:
-    from harness.engine import fa3
-
     DENSE.update(fa3.DENSE)
     PARTIALS["fa3"] = fa3.fa3_partial
 
@@ -183,8 +182,6 @@ def check_backend(name: str, device: str) -> None:
     """Refuse, in one line, a dense backend that does not exist or — FA3 without its wheel or a
     Hopper GPU — cannot run on ``device``: for commands to call before any engine is built (the
     kernels themselves only refuse at their first call, inside a rank)."""
-    from harness.engine import fa3
-
     dense(name)
     why = fa3.unavailable_reason(device) if name in fa3.DENSE else None
     if why is not None:

@@ -13,6 +13,7 @@ import importlib
 from typing import Any
 
 from harness.config import HarnessConfig
+from harness.engine.omni import compat  # stdlib only at import: vllm itself is imported by the rank that runs it
 from harness.errors import HarnessError
 
 #: backend name → "module:class" (imported only by the rank that builds it)
@@ -31,8 +32,6 @@ def check(cfg: HarnessConfig) -> None:
         raise HarnessError(f"unknown engine backend {backend!r} (known: {', '.join(DIT_BACKENDS)})")
     if backend == "reference":
         return
-    from harness.engine.omni import compat
-
     compat.check_installed()
 
 
@@ -40,8 +39,6 @@ def describe(cfg: HarnessConfig) -> dict:
     """The backend and, for vllm-omni, the installed versions (for the run manifest)."""
     out: dict[str, Any] = {"backend": cfg.engine.backend}
     if cfg.engine.backend == "vllm-omni":
-        from harness.engine.omni import compat
-
         out.update(compat.installed_versions())
     return out
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 from torch import Tensor
 
 from harness.config import LATENT_CHANNELS, MASK_CHANNELS
@@ -70,8 +71,6 @@ def load_text_embedding(path: str | Path, text_len: int, text_dim: int) -> Tenso
             raise HarnessError(f"cannot read text embedding {path.name}: {e}") from None
         emb = torch.from_numpy(np.asarray(arr, dtype=np.float32))
     elif path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
         try:
             tensors = load_file(str(path))
         except Exception as e:  # safetensors raises its own error types for malformed files

@@ -39,7 +39,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+import torch._inductor
+import torch._inductor.config
 from torch import Tensor
+from torch._dynamo.utils import counters, get_compilation_metrics
 
 from harness.config import LATENT_CHANNELS, HarnessConfig
 from harness.engine import camera, schedule
@@ -154,9 +157,6 @@ class DitEngine:
     def compile(self, compile_mode: str | None = None, extra: dict | None = None) -> None:
         """Compile the blocks (see the module docstring); the graphs are traced lazily, in the
         first forward. ``extra``: more inductor config for this compilation (experiments)."""
-        import torch._inductor
-        import torch._inductor.config
-
         mode = compile_mode or os.environ.get("HARNESS_COMPILE_MODE")
         if mode is None:
             mode = "reduce-overhead" if self.device.type == "cuda" else "default"
@@ -201,8 +201,6 @@ class DitEngine:
     def _note_compiles(self) -> None:
         # dynamo keeps metrics of its last 64 compilations only; a chunk compiles far fewer, so
         # looking after every chunk that compiled anything misses none
-        from torch._dynamo.utils import get_compilation_metrics
-
         for m in get_compilation_metrics():
             cid = str(m.compile_id)
             if cid not in self._seen_compiles:
@@ -354,7 +352,7 @@ def _to_device(t: Tensor, device: torch.device) -> Tensor:
 
 def _cudagraphs_recorded(device: torch.device) -> int | None:
     """CUDA graphs recorded: nodes of inductor's cudagraph trees (internal API: None when it changed)."""
-    try:
+    try:  # imported here: 0.85 s that only CUDA-graph runs pay, and an internal API that may move
         from torch._inductor import cudagraph_trees as trees
 
         mgr = trees.get_manager(device.index or 0, create_if_none_exists=False)
@@ -371,8 +369,6 @@ def _cudagraphs_recorded(device: torch.device) -> int | None:
 
 
 def _dynamo_counts() -> dict[str, int]:
-    from torch._dynamo.utils import counters
-
     # cudagraph_skips: graphs inductor declined to record as CUDA graphs (they run without)
     return {"frames": counters["frames"]["ok"], "graphs": counters["stats"]["unique_graphs"],
             "graph_breaks": sum(counters["graph_break"].values()),

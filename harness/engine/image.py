@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from harness.config import HarnessConfig
+from harness.engine.vae import build_vae
 
 _ENCODERS: dict[tuple, object] = {}
 
@@ -27,8 +28,6 @@ def synthetic_image(seed: int, height: int, width: int) -> np.ndarray:
 
 
 def _encoder(cfg: HarnessConfig, device: torch.device, seed: int):
-    from harness.engine.vae import build_vae
-
     key = (cfg.vae, str(device), cfg.runtime.vae_dtype, seed)
     if key not in _ENCODERS:
         _ENCODERS[key] = build_vae(cfg.vae, encoder=True, decoder=False, seed=seed, weights=None,

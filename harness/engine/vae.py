@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from harness.config import VaeConfig
 from harness.errors import HarnessError
@@ -415,8 +417,6 @@ def init_random_(model: nn.Module, seed: int) -> nn.Module:
 
 
 def save_weights(model: nn.Module, path: str | Path) -> None:
-    from safetensors.torch import save_file
-
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     save_file(tensors, str(path), metadata={"format": "pt", "model": "wan2.1-vae"})
 
@@ -441,8 +441,6 @@ def load_weights(model: nn.Module, path: str | Path) -> nn.Module:
     and quant_conv.*); anything else unexpected, anything missing, or a shape that does not
     match is a HarnessError naming the keys.
     """
-    from safetensors import safe_open
-
     path = Path(path)
     if not path.exists():
         raise HarnessError(f"no VAE weights at {path}")

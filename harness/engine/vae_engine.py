@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch._dynamo.config as dcfg
 
 from harness.config import VAE_SPATIAL, VAE_TEMPORAL, HarnessConfig
 from harness.engine.groups import RankGroup
@@ -61,8 +62,6 @@ class VaeEngine:
             # Each exchange splits the step into fragments that start inside a convolution, so
             # one fragment's code runs at every convolution's shape: allow a graph per shape
             # instead of dynamo's default 8, past which it would silently run eagerly.
-            import torch._dynamo.config as dcfg
-
             convs = sum(isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d)) for m in self.model.decoder.modules())
             limit = "recompile_limit" if hasattr(dcfg, "recompile_limit") else "cache_size_limit"
             setattr(dcfg, limit, max(getattr(dcfg, limit), convs + 8))

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import Tensor
 
 from harness.engine.conditions import derive_seed
@@ -76,8 +78,6 @@ def init_weights(model: nn.Module, seed: int) -> nn.Module:
 
 
 def save_weights(model: nn.Module, directory: str | Path) -> Path:
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -107,8 +107,6 @@ def _weight_files(path: Path) -> list[Path]:
 
 @torch.no_grad()
 def load_weights(model: nn.Module, path: str | Path) -> nn.Module:
-    from safetensors import safe_open
-
     files = _weight_files(Path(path))
     expected = model.state_dict()
     where: dict[str, Path] = {}

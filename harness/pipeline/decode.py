@@ -26,13 +26,13 @@ class Decoded(NamedTuple):
 
 
 def ffmpeg_exe() -> str:
-    import imageio_ffmpeg
+    import imageio_ffmpeg  # on use: a reader with only PyAV (or only ffmpeg) imports this module too
 
     return imageio_ffmpeg.get_ffmpeg_exe()
 
 
 def decode_pyav(path: str | Path) -> Decoded:
-    import av
+    import av  # on use: a reader with only PyAV (or only ffmpeg) imports this module too
 
     frames, pts = [], []
     try:

@@ -105,7 +105,7 @@ class PyavEncoder(Encoder):
     exact_chunk_boundaries = True
 
     def open(self, sink: Sink) -> None:
-        import av  # heavy import kept off module load
+        import av  # on open: the command line imports this registry, and hosts without PyAV run everything else
 
         cc = av.CodecContext.create("ffv1", "w")
         cc.width, cc.height, cc.pix_fmt = self.width, self.height, PIX_FMT
@@ -167,7 +167,7 @@ class FfmpegEncoder(Encoder):
     exact_chunk_boundaries = False
 
     def open(self, sink: Sink) -> None:
-        import ffmpeg
+        import ffmpeg  # on open: hosts without the ffmpeg packages run everything else
         import imageio_ffmpeg
 
         out_opts = {"format": "matroska", "vcodec": "ffv1", "level": 3, "pix_fmt": PIX_FMT,

@@ -39,6 +39,7 @@ import secrets
 import threading
 import time
 import weakref
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import msgspec
@@ -174,8 +175,6 @@ class _Segment:
 
 
 def _track(name: str, register: bool) -> None:
-    from multiprocessing import resource_tracker
-
     try:
         (resource_tracker.register if register else resource_tracker.unregister)("/" + name, "shared_memory")
     except Exception:  # the tracker is a safety net, not a requirement

@@ -36,6 +36,7 @@ from aiohttp import WSMsgType
 from harness.drivers.trajectory import actions_for
 from harness.errors import HarnessError
 from harness.pipeline.decode import decode_pyav
+from harness.pipeline.sinks import ensure_writable_dir
 from harness.serving import protocol as W
 from harness.serving.server import PATH
 
@@ -138,139 +139,177 @@ async def run_session(url: str, *, preset: str, seed: int, chunks: int | None = 
 
 
 async def _session(ws, *, preset: str, seed: int, chunks: int | None, prompt: str, opts: ViewerOptions) -> SessionReport:
-    rep = SessionReport(seed=seed, chunks=chunks or 0, headers=[], receipts_ns=[], errors=[])
-    sent_actions: set[int] = set()
-    frames_per_chunk = 0
-    pending: W.ChunkHeader | None = None
-    part: Path | None = None
-    fh = None
-    timer: asyncio.Task | None = None
+    v = _Viewer(ws, opts, seed, SessionReport(seed=seed, chunks=chunks or 0, headers=[], receipts_ns=[], errors=[]))
+    await v.start(preset, chunks, prompt)
+    try:
+        if not await v.trigger("start"):
+            await v.receive_all()
+    finally:
+        v.finish()
+    return v.rep
 
-    async def send(msg) -> None:
-        await ws.send_str(W.encode(msg))
 
-    async def cancel() -> None:
-        if rep.cancel_sent_ns is None:
-            rep.cancel_sent_ns = now()
-        for _ in range(opts.cancel_repeat):
-            await send(W.Cancel())
+class _Viewer:
+    """One session on an open connection: what it sent, what it is waiting for, the report.
 
-    async def send_actions(upto: int) -> None:
-        if not frames_per_chunk:
+    Every ``on_*`` handler returns True when the session is over on our side (it ended, failed,
+    or we left); the report then says how."""
+
+    def __init__(self, ws, opts: ViewerOptions, seed: int, rep: SessionReport):
+        self.ws, self.opts, self.seed, self.rep = ws, opts, seed, rep
+        self.sent_actions: set[int] = set()
+        self.frames_per_chunk = 0
+        self.pending: W.ChunkHeader | None = None  # header whose media is next
+        self.part: Path | None = None  # the media file being written (renamed into place when complete)
+        self.fh = None
+        self.timer: asyncio.Task | None = None
+
+    async def send(self, msg) -> None:
+        await self.ws.send_str(W.encode(msg))
+
+    async def start(self, preset: str, chunks: int | None, prompt: str) -> None:
+        opts = self.opts
+        self.rep.t_start_ns = now()
+        await self.send(W.Start(preset=preset, seed=self.seed, prompt=prompt, chunks=chunks, boot_id=W.boot_id(),
+                                action_timeout_s=opts.action_timeout_s))
+        for point in (opts.cancel_at, opts.disconnect_at):
+            if point and point.startswith("after:"):
+                self.timer = asyncio.create_task(self.after(float(point.split(":", 1)[1])))
+
+    async def cancel(self) -> None:
+        if self.rep.cancel_sent_ns is None:
+            self.rep.cancel_sent_ns = now()
+        for _ in range(self.opts.cancel_repeat):
+            await self.send(W.Cancel())
+
+    async def send_actions(self, upto: int) -> None:
+        if not self.frames_per_chunk:
             return
+        rep, opts = self.rep, self.opts
         total = rep.started.chunks if rep.started else upto + 1
         for c in range(min(upto, total - 1) + 1):
-            if c in sent_actions or (opts.withhold_actions_from is not None and c >= opts.withhold_actions_from):
+            if c in self.sent_actions or (opts.withhold_actions_from is not None and c >= opts.withhold_actions_from):
                 continue
-            sent_actions.add(c)
-            await send(W.Actions(chunk=c, actions=_actions(seed, c, frames_per_chunk)))
+            self.sent_actions.add(c)
+            await self.send(W.Actions(chunk=c, actions=_actions(self.seed, c, self.frames_per_chunk)))
 
-    async def trigger(point: str) -> bool:
+    async def trigger(self, point: str) -> bool:
         """True when the session is over on our side (we disconnected)."""
-        if opts.cancel_at == point:
-            await cancel()
-        if opts.disconnect_at == point:
-            rep.outcome = "disconnected"
-            await ws.close()
+        if self.opts.cancel_at == point:
+            await self.cancel()
+        if self.opts.disconnect_at == point:
+            self.rep.outcome = "disconnected"
+            await self.ws.close()
             return True
         return False
 
-    async def after(seconds: float) -> None:
+    async def after(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
-        await trigger(f"after:{seconds:g}")
+        await self.trigger(f"after:{seconds:g}")
 
-    rep.t_start_ns = now()
-    await send(W.Start(preset=preset, seed=seed, prompt=prompt, chunks=chunks, boot_id=W.boot_id(),
-                       action_timeout_s=opts.action_timeout_s))
-    for point in (opts.cancel_at, opts.disconnect_at):
-        if point and point.startswith("after:"):
-            timer = asyncio.create_task(after(float(point.split(":", 1)[1])))
-    try:
-        if await trigger("start"):
-            return rep
+    def fail(self, outcome: str, error: str) -> bool:
+        self.rep.outcome, self.rep.error = outcome, error
+        return True
+
+    async def receive_all(self) -> None:
         while True:
             try:
-                m = await ws.receive(timeout=opts.receive_timeout_s)
+                m = await self.ws.receive(timeout=self.opts.receive_timeout_s)
             except asyncio.TimeoutError:
-                rep.outcome, rep.error = "error", f"no message from the server for {opts.receive_timeout_s:g} s"
-                return rep
+                self.fail("error", f"no message from the server for {self.opts.receive_timeout_s:g} s")
+                return
             if m.type == WSMsgType.TEXT:
-                try:
-                    msg = W.decode_server(m.data)
-                except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                    rep.outcome, rep.error = "error", W.one_line(f"bad message from the server: {e}")
-                    return rep
-                if isinstance(msg, W.Started):
-                    rep.started, rep.session, rep.chunks = msg, msg.session, msg.chunks
-                    frames_per_chunk = msg.latent_frames_per_chunk
-                    if opts.out_dir is not None:
-                        opts.out_dir.mkdir(parents=True, exist_ok=True)
-                        part = opts.out_dir / f"session{msg.session}.mkv.part"
-                        fh = open(part, "wb")
-                    await send_actions(opts.lookahead - 1)
-                    if await trigger("started"):
-                        return rep
-                elif isinstance(msg, W.NeedActions):
-                    await send_actions(msg.chunk + opts.lookahead - 1)
-                elif isinstance(msg, W.ChunkHeader):
-                    pending = msg
-                    if await trigger(f"header:{msg.chunk}"):
-                        return rep
-                elif isinstance(msg, W.Ended):
-                    rep.ended = msg
-                    rep.outcome = "cancelled" if msg.cancelled else "complete"
-                    return rep
-                elif isinstance(msg, W.Error):
-                    if msg.fatal:
-                        rep.outcome, rep.error = "error", msg.message
-                        return rep
-                    rep.errors.append(msg.message)
-                elif isinstance(msg, W.Busy):
-                    rep.outcome, rep.error = "busy", msg.message
-                    return rep
+                over = await self.on_text(m.data)
             elif m.type == WSMsgType.BINARY:
-                t = now()
-                if pending is None:
-                    rep.outcome, rep.error = "error", "media without a chunk header"
-                    return rep
-                hd, pending = pending, None
-                if len(m.data) != hd.nbytes:
-                    rep.outcome, rep.error = "error", f"chunk {hd.chunk}: {len(m.data)} bytes, header said {hd.nbytes}"
-                    return rep
-                rep.headers.append(hd)
-                rep.receipts_ns.append(t)
-                rep.media_bytes += len(m.data)
-                if rep.t_first_media_ns is None:
-                    rep.t_first_media_ns = t
-                if fh is not None:
-                    fh.write(m.data)
-                if opts.read_rate and rep.started:
-                    # A slow consumer: it takes the chunk's frames at read_rate × fps before it reads
-                    # on (the socket fills meanwhile) and returns the credit (the ack) only then;
-                    # the ack still carries the receipt time, which is what ``delivered`` means.
-                    await asyncio.sleep(hd.frames / (opts.read_rate * rep.started.fps))
-                await send(W.Ack(chunk=hd.chunk, received_ns=t))
-                if await trigger(f"chunk:{hd.chunk}"):
-                    return rep
+                over = await self.on_media(m.data)
             else:  # CLOSE / CLOSING / CLOSED / ERROR
-                rep.outcome = rep.outcome or "closed"
-                rep.close_code = ws.close_code
-                ex = ws.exception()
-                rep.error = rep.error or W.one_line(f"connection closed by the server (code {ws.close_code}"
-                                                    f"{': ' + str(ex) if ex else ''})")
-                return rep
-    finally:
+                over = self.on_closed()
+            if over:
+                return
+
+    async def on_text(self, data: str) -> bool:
+        try:
+            msg = W.decode_server(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            return self.fail("error", W.one_line(f"bad message from the server: {e}"))
+        rep = self.rep
+        if isinstance(msg, W.Started):
+            return await self.on_started(msg)
+        if isinstance(msg, W.NeedActions):
+            await self.send_actions(msg.chunk + self.opts.lookahead - 1)
+        elif isinstance(msg, W.ChunkHeader):
+            self.pending = msg
+            return await self.trigger(f"header:{msg.chunk}")
+        elif isinstance(msg, W.Ended):
+            rep.ended = msg
+            rep.outcome = "cancelled" if msg.cancelled else "complete"
+            return True
+        elif isinstance(msg, W.Error):
+            if msg.fatal:
+                return self.fail("error", msg.message)
+            rep.errors.append(msg.message)
+        elif isinstance(msg, W.Busy):
+            return self.fail("busy", msg.message)
+        return False
+
+    async def on_started(self, msg: W.Started) -> bool:
+        rep, opts = self.rep, self.opts
+        rep.started, rep.session, rep.chunks = msg, msg.session, msg.chunks
+        self.frames_per_chunk = msg.latent_frames_per_chunk
+        if opts.out_dir is not None:
+            opts.out_dir.mkdir(parents=True, exist_ok=True)
+            self.part = opts.out_dir / f"session{msg.session}.mkv.part"
+            self.fh = open(self.part, "wb")
+        await self.send_actions(opts.lookahead - 1)
+        return await self.trigger("started")
+
+    async def on_media(self, data: bytes) -> bool:
+        t = now()
+        rep = self.rep
+        if self.pending is None:
+            return self.fail("error", "media without a chunk header")
+        hd, self.pending = self.pending, None
+        if len(data) != hd.nbytes:
+            return self.fail("error", f"chunk {hd.chunk}: {len(data)} bytes, header said {hd.nbytes}")
+        rep.headers.append(hd)
+        rep.receipts_ns.append(t)
+        rep.media_bytes += len(data)
+        if rep.t_first_media_ns is None:
+            rep.t_first_media_ns = t
+        if self.fh is not None:
+            self.fh.write(data)
+        if self.opts.read_rate and rep.started:
+            # A slow consumer: it takes the chunk's frames at read_rate × fps before it reads
+            # on (the socket fills meanwhile) and returns the credit (the ack) only then;
+            # the ack still carries the receipt time, which is what ``delivered`` means.
+            await asyncio.sleep(hd.frames / (self.opts.read_rate * rep.started.fps))
+        await self.send(W.Ack(chunk=hd.chunk, received_ns=t))
+        return await self.trigger(f"chunk:{hd.chunk}")
+
+    def on_closed(self) -> bool:
+        rep, ws = self.rep, self.ws
+        rep.outcome = rep.outcome or "closed"
+        rep.close_code = ws.close_code
+        ex = ws.exception()
+        rep.error = rep.error or W.one_line(f"connection closed by the server (code {ws.close_code}"
+                                            f"{': ' + str(ex) if ex else ''})")
+        return True
+
+    def finish(self) -> None:
+        """The media file renamed into place (complete) or removed (anything else), and the
+        modelled playback."""
+        rep, opts = self.rep, self.opts
         rep.t_end_ns = now()
-        if timer is not None:
-            timer.cancel()
-        if fh is not None:
-            fh.close()
-            final = part.with_suffix("")  # drop ".part"
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.fh is not None:
+            self.fh.close()
+            final = self.part.with_suffix("")  # drop ".part"
             if rep.outcome == "complete":
-                os.replace(part, final)
+                os.replace(self.part, final)
                 rep.media_path = str(final)
             else:
-                part.unlink(missing_ok=True)  # a partial file is never left looking like a video
+                self.part.unlink(missing_ok=True)  # a partial file is never left looking like a video
         fps = rep.started.fps if rep.started else 16
         pre = opts.prebuffer_frames or (rep.headers[0].frames if rep.headers else 1)
         rep.play = playout([(h.frames, t) for h, t in zip(rep.headers, rep.receipts_ns)], fps, pre, rep.t_start_ns)
@@ -370,8 +409,6 @@ def main(args: argparse.Namespace) -> int:
     url = session_url(args.connect)
     out = Path(args.out) if args.out else None
     if out is not None:
-        from harness.pipeline.sinks import ensure_writable_dir
-
         ensure_writable_dir(out)
     opts = ViewerOptions(read_rate=args.read_rate, prebuffer_frames=args.prebuffer_frames, out_dir=out,
                          disconnect_at=None if args.disconnect_after_chunk is None else f"chunk:{args.disconnect_after_chunk}",

@@ -11,6 +11,7 @@ import ipaddress
 import os
 
 from harness.errors import HarnessError
+from harness.limits import max_chunks
 
 #: seconds a connection may stay silent without a running session
 DEFAULT_IDLE_TIMEOUT_S = 30.0
@@ -75,8 +76,6 @@ def hardening_options(args, cfg) -> dict:
     warm = getattr(args, "warmup_chunks", None)
     if warm is None:
         warm = cfg.video.chunks_per_session if cfg.runtime.mode == "compiled" else int(cfg.runtime.device == "cuda")
-    from harness.limits import max_chunks
-
     if not 0 <= warm <= max_chunks(cfg.video.frames_per_chunk):
         raise HarnessError(f"--warmup-chunks must be in 0-{max_chunks(cfg.video.frames_per_chunk)}, got {warm}")
     return {"allow_origins": tuple(getattr(args, "allow_origin", None) or ()), "warmup_chunks": warm,

@@ -40,7 +40,7 @@ from aiohttp import WSMsgType, web
 from harness.config import override
 from harness.drivers.driver import SessionControl
 from harness.drivers.options import resolve_config
-from harness.drivers.serve import ServeOptions, serve
+from harness.drivers.serve import ServeOptions, explain_failure, serve
 from harness.drivers.signals import install as install_stop
 from harness.engine.camera import validate_actions
 from harness.errors import HarnessError
@@ -355,8 +355,6 @@ class StreamServer:
                     continue
                 self._run_one(ctx, sess)
         except BaseException as e:
-            from harness.drivers.serve import explain_failure
-
             cause = explain_failure(ctx.launcher, e)
             why = "server interrupted" if isinstance(e, KeyboardInterrupt) else (
                 cause if isinstance(cause, HarnessError) else f"{type(cause).__name__}: {cause}")

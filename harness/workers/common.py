@@ -15,15 +15,18 @@ import signal
 import time
 import traceback
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
 import msgspec
 import torch
+import torch.distributed as dist
 
 from harness.config import HarnessConfig
 from harness.engine.groups import RankGroup
 from harness.hooks.active import ActiveHooks, activate
+from harness.pipeline import messages as M
 
 Role = Literal["dit", "vae", "encoder"]
 
@@ -95,9 +98,6 @@ def init_groups(spec: WorkerSpec) -> RankGroup:
     cfg = spec.cfg
     if not needs_world(cfg) or (spec.role == "dit" and not dit_in_world(cfg)):
         return RankGroup.single()
-    import torch.distributed as dist
-    from datetime import timedelta
-
     sp, m = cfg.parallel.sp if dit_in_world(cfg) else 0, cfg.parallel.vae_ranks
     global_rank = spec.rank if spec.role == "dit" else sp + spec.rank
     backend = "nccl" if spec.device.startswith("cuda") else "gloo"
@@ -117,8 +117,6 @@ def init_groups(spec: WorkerSpec) -> RankGroup:
 
 
 def shutdown_groups() -> None:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -194,8 +192,6 @@ def hooks_on(spec: WorkerSpec, label: str):
 def reported_errors(role: str, rank: int, conn):
     """Any failure inside becomes a WorkerError to the driver and exit status 1; a driver that went
     away (EOF on the pipe, or Ctrl-C reaching the group) ends the process quietly."""
-    from harness.pipeline import messages as M
-
     try:
         yield
     except (EOFError, BrokenPipeError, KeyboardInterrupt):

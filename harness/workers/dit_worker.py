@@ -7,10 +7,13 @@ stamped on rank 0 around the chunk's five forwards, ``dit_end`` after the device
 
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 
+from harness.candidates import EnginePatches
+from harness.engine.backends import build_dit_engine
+from harness.engine.conditions import SessionConditions
+from harness.engine.image import conditioning_image_latent
 from harness.hooks import context as hctx
 from harness.measure.clock import now
 from harness.pipeline import messages as M
@@ -30,9 +33,6 @@ def main(spec: WorkerSpec, conn) -> None:
 
 
 def _serve(spec: WorkerSpec, conn) -> None:
-    from harness.candidates import EnginePatches
-    from harness.engine.backends import build_dit_engine
-
     group = init_groups(spec)
     device = torch.device(spec.device)
     cfg = spec.cfg
@@ -49,9 +49,6 @@ def _serve(spec: WorkerSpec, conn) -> None:
 
 
 def _loop(spec, conn, engine, sessions, epochs, timer, lead, cfg, device) -> None:
-    from harness.engine.dit_engine import SessionConditions
-    from harness.engine.image import conditioning_image_latent
-
     while True:
         msg = M.recv(conn)
         if isinstance(msg, M.GenerateChunk):

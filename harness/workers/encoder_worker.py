@@ -12,11 +12,15 @@ import hashlib
 from pathlib import Path
 
 import msgspec
-import numpy as np
 
+from harness.errors import HarnessError
 from harness.hooks import context as hctx
 from harness.measure.clock import now
+from harness.measure.gates import save_pixels
 from harness.pipeline import messages as M
+from harness.pipeline.encoder import make_encoder
+from harness.pipeline.ring import FrameRing, RingSpec
+from harness.pipeline.sinks import make_sink
 from harness.workers.common import WorkerSpec, hooks_on, process_setup, reported_errors
 
 
@@ -25,8 +29,6 @@ def main(spec: WorkerSpec, conn) -> None:
     ring = None
     try:
         with reported_errors("encoder", 0, conn):
-            from harness.pipeline.ring import FrameRing, RingSpec
-
             ring = FrameRing.attach(msgspec.convert(spec.ring, RingSpec))
             with hooks_on(spec, "encoder"):
                 _serve(spec, conn, ring)
@@ -55,8 +57,6 @@ SINK_SPECS = ("file", "null", "stream", "throttled:FPS")
 def check_sink_spec(spec: str) -> str:
     """One-line HarnessError for a sink spec the encoder stage would refuse — callable before
     launch, so a typo fails in the driver rather than as a dead encoder process."""
-    from harness.errors import HarnessError
-
     name, _, arg = spec.partition(":")
     if name in ("file", "null", "stream") and not arg:
         return spec
@@ -74,8 +74,6 @@ def check_sink_spec(spec: str) -> str:
 def open_sink(spec: str, media_dir: Path, session: int):
     """``file`` | ``null`` | ``throttled:FPS`` (a file sink that accepts at most FPS frames/s) |
     ``stream`` (each chunk's Matroska fragment goes back to the driver in ``ChunkDelivered.media``)."""
-    from harness.pipeline.sinks import make_sink
-
     name, _, arg = check_sink_spec(spec).partition(":")
     if name == "file":
         return make_sink("file", directory=media_dir, session=session)
@@ -87,9 +85,6 @@ def open_sink(spec: str, media_dir: Path, session: int):
 
 
 def _serve(spec: WorkerSpec, conn, ring) -> None:
-    from harness.measure.gates import save_pixels
-    from harness.pipeline.encoder import make_encoder
-
     cfg = spec.cfg
     run_dir = Path(spec.run_dir)
     open_: dict[int, _Open] = {}

@@ -7,12 +7,18 @@ backpressure signal, recorded) → copy into the slot (``cpu_ready``) → slot m
 
 from __future__ import annotations
 
-
+import msgspec
+import numpy as np
 import torch
 
+from harness.candidates import EnginePatches
+from harness.engine.convert import to_uint8
+from harness.engine.vae_engine import VaeEngine
+from harness.errors import HarnessError
 from harness.hooks import context as hctx
 from harness.measure.clock import now
 from harness.pipeline import messages as M
+from harness.pipeline.ring import FrameRing, RingSpec
 from harness.workers.common import (
     GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, process_setup,
     hooks_on, reported_errors, shutdown_groups, synchronize,
@@ -35,9 +41,6 @@ def main(spec: WorkerSpec, conn) -> None:
 def _attach_ring(spec: WorkerSpec):
     if spec.rank != 0 or spec.ring is None:
         return None
-    from harness.pipeline.ring import FrameRing, RingSpec
-    import msgspec
-
     return FrameRing.attach(msgspec.convert(spec.ring, RingSpec))
 
 
@@ -46,8 +49,6 @@ class OutputPath:
     conversion, pinned staging) replace ``convert``/``copy_out``; the reference is exact."""
 
     def __init__(self, device: torch.device):
-        from harness.engine.convert import to_uint8
-
         self.device = device
         self.convert = to_uint8
         #: run by ``close``: what a candidate must release before the ring is unmapped
@@ -63,9 +64,6 @@ class OutputPath:
 
 
 def _serve(spec: WorkerSpec, conn, ring) -> None:
-    from harness.candidates import EnginePatches
-    from harness.engine.vae_engine import VaeEngine
-
     group = init_groups(spec)
     device = torch.device(spec.device)
     cfg = spec.cfg
@@ -88,12 +86,8 @@ def _check_finite(latent, session: int, chunk: int) -> None:
     """A NaN/Inf latent would decode to garbage that still converts to valid-looking uint8 frames,
     so it is refused here, on the small host copy (one pass over ~1 MB at 480×832, well under a
     millisecond) before it costs a decode or reaches the encoder."""
-    import numpy as np
-
     finite = np.isfinite(latent)
     if not finite.all():
-        from harness.errors import HarnessError
-
         bad = int(latent.size - np.count_nonzero(finite))
         raise HarnessError(f"latent of session {session} chunk {chunk} has {bad} non-finite values (NaN/Inf); refusing to decode")
 

@@ -34,11 +34,16 @@ import importlib
 import importlib.metadata
 import importlib.util
 import os
+import socket
 import sys
 import types
 from typing import Any
 
 from harness.errors import HarnessError
+
+# vllm, vllm_omni and torch.distributed are imported inside the functions that use them: vllm is an
+# optional extra that takes 30-60 s to import, and this module is imported by the command line's
+# option checks (engine.backends), which keep torch out of ``--help``.
 
 #: (vllm, vllm-omni) versions these adaptations were written for and tested with.
 SUPPORTED = {"vllm": "0.30.0", "vllm-omni": "0.30.0"}
@@ -97,7 +102,7 @@ def import_lingbot() -> types.SimpleNamespace:
 
 
 def _sdpa_classes() -> tuple[type, type]:
-    from vllm_omni.diffusion.attention.backends.sdpa import SDPABackend, SDPAImpl
+    from vllm_omni.diffusion.attention.backends.sdpa import SDPABackend, SDPAImpl  # optional extra
 
     class CpuSDPAImpl(SDPAImpl):
         def forward(self, query, key, value, attn_metadata=None):
@@ -126,7 +131,7 @@ def install_cpu_platform() -> None:
     diffusion modules import it, unless a real device platform was detected."""
     if "platform" in _state:
         return
-    import vllm_omni.platforms as plat
+    import vllm_omni.platforms as plat  # optional extra
     from vllm_omni.platforms.interface import UnspecifiedOmniPlatform
 
     current = plat.current_omni_platform
@@ -155,7 +160,7 @@ def install_cpu_platform() -> None:
 def fix_rotary(model) -> int:
     """Give every ``RotaryEmbeddingWan`` of ``model`` the head axis its native path lacks; returns
     how many were fixed (their CUDA path is left alone)."""
-    from vllm_omni.diffusion.layers.rope import RotaryEmbeddingWan
+    from vllm_omni.diffusion.layers.rope import RotaryEmbeddingWan  # optional extra
 
     n = 0
     for mod in model.modules():
@@ -169,18 +174,16 @@ def fix_rotary(model) -> int:
 def init_distributed(*, rank: int = 0, world_size: int = 1, init_method: str | None = None) -> None:
     """gloo process group, then vLLM-Omni's distributed and model-parallel state on it (once per
     process). SP > 1 is refused: vLLM-Omni's Ulysses all-to-all needs NCCL."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # not at import: the command line imports this module without torch
 
     if world_size != 1:
         raise HarnessError("the vllm-omni engine runs SP=1 on CPU: vLLM-Omni's sequence parallelism needs NCCL (GPUs)")
     if "dist" in _state:
         return
     install_cpu_platform()
-    from vllm_omni.diffusion.distributed import parallel_state as ps
+    from vllm_omni.diffusion.distributed import parallel_state as ps  # optional extra
 
     if init_method is None:
-        import socket
-
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             init_method = f"tcp://127.0.0.1:{s.getsockname()[1]}"
@@ -197,8 +200,8 @@ def shutdown_distributed() -> None:
     """Undo ``init_distributed`` (tests share a process with others that build their own groups)."""
     if not _state.pop("dist", None):
         return
-    import torch.distributed as dist
-    from vllm_omni.diffusion.distributed import parallel_state as ps
+    import torch.distributed as dist  # not at import: the command line imports this module without torch
+    from vllm_omni.diffusion.distributed import parallel_state as ps  # optional extra
 
     ps.destroy_model_parallel()
     ps.destroy_distributed_environment()
@@ -209,7 +212,7 @@ def shutdown_distributed() -> None:
 @contextlib.contextmanager
 def vllm_config():
     """A current vLLM config whose device is the CPU (layers read it while they are built)."""
-    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config  # optional extra
 
     cfg = _state.get("vllm_config")
     if cfg is None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from safetensors import safe_open
 from torch import Tensor
 
 from harness.config import LATENT_CHANNELS, HarnessConfig
@@ -56,8 +57,6 @@ def checkpoint_tensors(cfg: HarnessConfig, seed: int, weights_dir: str | None) -
     """(name, fp32 tensor) of every checkpoint tensor: from ``weights_dir``'s safetensors files, or
     the reference engine's seeded init by the reference model's names and shapes."""
     if weights_dir:
-        from safetensors import safe_open
-
         files = sorted(Path(weights_dir).glob("*.safetensors")) if Path(weights_dir).is_dir() else [Path(weights_dir)]
         if not files or not all(f.is_file() for f in files):
             raise HarnessError(f"no *.safetensors weights at {weights_dir}")
