@@ -151,9 +151,12 @@ def test_imports_inside_functions_say_why():
         top = {id(n) for n in tree.body}
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top and not _guarded(tree, node):
+                first = node.lineno - 1  # a run of imports shares the comment of its first line
+                while first > 0 and lines[first - 1].strip().startswith(("import ", "from ")):
+                    first -= 1
                 here = lines[node.lineno - 1]
-                above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
-                if "#" not in here and not above.startswith("#"):
+                above = lines[first - 1].strip() if first > 0 else ""
+                if "#" not in here and "#" not in lines[first] and not above.startswith("#"):
                     silent.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: {here.strip()}")
     assert not silent, "imports inside functions without a comment saying why:\n" + "\n".join(silent)
 

@@ -23,13 +23,14 @@ import torch
 from tqdm import tqdm
 
 from harness.candidates import configure
-from harness.config import HarnessConfig, VAE_TEMPORAL
+from harness.config import VAE_TEMPORAL, HarnessConfig
 from harness.drivers.driver import Driver, SessionResult
 from harness.drivers.launcher import LocalLauncher, mps_running, shared_gpus, sharing_warning
 from harness.drivers.ray_launcher import RayLauncher
 from harness.drivers.rundir import manifest, new_run_dir, write_json, write_jsonl
 from harness.drivers.runstate import owner_record, reap_dead_rings
-from harness.drivers.signals import ending, received as signals_received
+from harness.drivers.signals import ending
+from harness.drivers.signals import received as signals_received
 from harness.engine import backends
 from harness.errors import HarnessError, RunFailed
 from harness.hooks import DRIVER_REPORT, parse_hooks, trace_report
@@ -37,7 +38,7 @@ from harness.hooks.trace import write_trace
 from harness.limits import check_fits
 from harness.measure.events import ChunkEvent, read_events
 from harness.measure.metrics import Window, window_for
-from harness.measure.summary import build_summary
+from harness.measure.summary import SUMMARY_FILE, build_summary, run_summary
 from harness.pipeline.ring import FrameRing
 from harness.workers.encoder_worker import check_sink_spec
 
@@ -295,30 +296,23 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
     path = run_dir / "events.jsonl"
     events = read_events(path) if path.exists() else []  # stopped during start-up, before the file was opened
     window = window_for(cfg.video.chunks_per_session)  # a short session keeps the part of the window it has
-    summary = msgspec.to_builtins(build_summary(events, [r.start for r in results], window=window))
-    summary["status"] = status
-    if error:
-        summary["error"] = error
-    summary["hooks"] = list(opts.hooks)
+    starts = [r.start for r in results]
+    figures = build_summary(events, starts, window=window)
     if "trace" in opts.hooks and events:
         t = time.perf_counter_ns()
         write_trace(events, run_dir / "trace.json")
         write_json(run_dir / DRIVER_REPORT, trace_report(run_dir / "trace.json", len(events), time.perf_counter_ns() - t))
-    summary["candidates"] = list(opts.candidates)
-    summary["probes"] = probes
-    summary["sessions_completed"] = len(results)
-    summary["stalls"] = list(stalls)
-    summary["stall_report_s"] = cfg.runtime.stall_report_s
-    if stalls:
-        summary.setdefault("flags", []).append("stalled")
-    summary["protocol"] = opts.protocol.get("name", "timing")
+    run = dict(status=status, error=error or None, hooks=list(opts.hooks), candidates=list(opts.candidates),
+               probes=probes, sessions_completed=len(results), stalls=list(stalls),
+               stall_report_s=cfg.runtime.stall_report_s, protocol=opts.protocol.get("name", "timing"))
+    summary = run_summary(figures, **run)
     if opts.summary_extra is not None and events:
         try:
-            summary.update(opts.summary_extra(events, [r.start for r in results], window))
+            summary = run_summary(figures, **run, **opts.summary_extra(events, starts, window))
         except Exception as e:  # _finish runs in a finally: never mask the run's own error, never lose its summary
-            summary["summary_extra_error"] = f"{type(e).__name__}: {e}"
-    write_json(run_dir / "summary.json", summary)
-    return summary
+            summary = run_summary(figures, **run, summary_extra_error=f"{type(e).__name__}: {e}")
+    write_json(run_dir / SUMMARY_FILE, summary)
+    return msgspec.to_builtins(summary)
 
 
 def _progress(cfg: HarnessConfig, enabled: bool):

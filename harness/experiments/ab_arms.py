@@ -48,6 +48,7 @@ from harness.experiments.compare import gate_kind
 from harness.experiments.engine_ab import EngineArm, engine_switches, judge_gated, latent_bytes, session_actions
 from harness.experiments.kernel_profile import ProfileChunk
 from harness.measure import stats as S
+from harness.measure.kernels import render
 from harness.measure.production import mfu
 
 
@@ -184,8 +185,6 @@ def _print(out: dict) -> None:
         mfu = f", {r['mfu_bf16']:.1%} of bf16 peak" if r["mfu_bf16"] else ""
         print(f"  {name}: steady {r['steady_ms']:.1f} ms, {r['tflops_bf16_equiv']:.1f} bf16-equivalent TFLOP/s{mfu}")
     if out.get("kernels"):
-        from harness.measure.kernels import render
-
         for name, b in out["kernels"].items():
             print(f"  {name}: {render(b)}")
 

@@ -28,8 +28,11 @@ from harness.engine.dit_engine import DitEngine
 from harness.engine.groups import RankGroup, run_ranks
 from harness.engine.vae_engine import VaeEngine
 from harness.errors import HarnessError
+from harness.experiments.kernel_profile import ProfileChunk
 from harness.hooks.dispatch import DispatchRecorder
 from harness.limits import check_chunks_option
+from harness.measure.kernels import render
+from harness.workers.common import set_deterministic
 
 
 def steady_chunk_index(cfg: HarnessConfig) -> int:
@@ -119,8 +122,6 @@ def _sync(device: torch.device) -> None:
 def dit_engine_for(group: RankGroup, cfg: HarnessConfig):
     """One rank's DiT engine and device; the deterministic mode's process flags go first."""
     if cfg.runtime.mode == "deterministic":
-        from harness.workers.common import set_deterministic
-
         set_deterministic()
     device = _device_for(cfg, group.rank)
     if device.type == "cuda":
@@ -169,8 +170,6 @@ def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, sessions: int =
     for i in range(sessions):
         prof = None
         if kernels and i == 0 and device.type == "cuda":
-            from harness.experiments.kernel_profile import ProfileChunk
-
             prof = ProfileChunk(skip=chunks)
         times = session(chunks + (prof is not None), seed=i, on_latent=prof)
         if prof is not None:
@@ -280,8 +279,6 @@ def _print(res: dict) -> None:
     print(f"  DiT steady chunk {res['dit_steady_chunk_ms']:.2f} ms, per forward {res['dit_forward_ms']:.2f} ms, "
           f"{res['dit_tflops_per_s']:.3f} TFLOP/s" + (f", MFU {res['dit_mfu']:.1%}" if "dit_mfu" in res else ""))
     if res.get("dit_kernels"):
-        from harness.measure.kernels import render
-
         print("  DiT steady chunk " + render(res["dit_kernels"]))
     if res["vae_steady_decode_ms"] is None:
         print("  VAE not run (--no-vae)")

@@ -49,8 +49,8 @@ from harness.drivers.rundir import REPO_ROOT, write_json
 from harness.drivers.runstate import refuse_unfinished
 from harness.drivers.serve import ServeOptions, serve
 from harness.errors import EXIT_FAIL, HarnessError
-from harness.hooks import parse_hooks
 from harness.experiments.protocols import protocol_for, serve_options
+from harness.hooks import parse_hooks
 from harness.limits import MAX_JSON_BYTES, read_bounded
 from harness.measure import metrics as M
 from harness.measure import stats as S

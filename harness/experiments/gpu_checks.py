@@ -130,7 +130,7 @@ def check_output(reps: int = 50) -> dict:
 
 # ---- H3a ---------------------------------------------------------------------------------------
 def check_vae(chunks: int = 6, mode: str = "default") -> dict:
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters  # torch._dynamo costs ≈ 1 s to import; only this check reads it
 
     cfg = _cfg()
     eng = VaeEngine(cfg, group=RankGroup.single(), device=torch.device("cuda"), seed=0)

@@ -8,6 +8,7 @@ reported too). The profiled chunk's wall time carries the profiler's overhead, s
 from __future__ import annotations
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from harness.measure.kernels import breakdown
 
@@ -36,8 +37,6 @@ class ProfileChunk:
     def __call__(self, latent) -> None:
         self.seen += 1
         if self.seen == self.skip:
-            from torch.profiler import ProfilerActivity, profile
-
             self._prof = profile(activities=[ProfilerActivity.CUDA])
             self._prof.__enter__()
         elif self._prof is not None and self.result is None:
