@@ -18,7 +18,9 @@ import msgspec
 from harness.errors import ConfigError
 from harness.limits import check_required, check_shapes, read_config_bytes
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+#: the checkout this package runs from: configs/ and the default runs/ live here
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs"
 
 #: 16 noisy latent + 16 image-condition latent + 4 mask channels (DESIGN §2).
 LATENT_CHANNELS = 16

@@ -126,7 +126,13 @@ def resolve(specs: tuple[str, ...] | list[str], cfg: HarnessConfig) -> list[tupl
         for other in c.conflicts:
             if other in chosen:
                 raise HarnessError(f"candidates {cid} and {other} conflict and cannot be combined")
-    return [chosen[c] for c in MODULES if c in chosen]
+    return in_apply_order(list(chosen.values()))
+
+
+def in_apply_order(pairs: list[tuple[Candidate, str]]) -> list[tuple[Candidate, str]]:
+    """(candidate, argument) pairs in registry order (``MODULES``): the one order patches go in."""
+    order = {cid: i for i, cid in enumerate(MODULES)}
+    return sorted(pairs, key=lambda p: order[p[0].id])
 
 
 def configure(specs, cfg: HarnessConfig) -> HarnessConfig:
@@ -151,8 +157,7 @@ class EnginePatches:
             cid, arg = split_id(spec)
             c = get(cid)
             pairs.append((c, arg or c.default_arg))
-        order = {cid: i for i, cid in enumerate(MODULES)}
-        self.chosen: list[tuple[Candidate, str]] = sorted(pairs, key=lambda p: order[p[0].id])
+        self.chosen: list[tuple[Candidate, str]] = in_apply_order(pairs)
         #: (candidate id, revert), in the order the patches were applied
         self.reverts: list[tuple[str, Callable[[], None]]] = []
 

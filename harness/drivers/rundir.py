@@ -20,11 +20,9 @@ import msgspec
 import numpy
 import torch
 
-from harness.config import to_dict
+from harness.config import REPO_ROOT, to_dict
 from harness.drivers.runstate import claim_out
 from harness.errors import HarnessError
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def new_run_dir(out: str | None, name: str, overwrite: bool = False) -> Path:

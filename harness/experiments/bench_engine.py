@@ -151,7 +151,7 @@ def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, sessions: int =
               candidates: tuple[str, ...] = (), kernels: bool = False) -> dict:
     """Chunk times of the first measured session; device memory and host RSS after every session
     ends (flat over many sessions means nothing leaks per session). Compiled modes first run an
-    unmeasured session of 3 chunks: compilation in the first, CUDA-graph recording in the second.
+    unmeasured whole session (``warmup_chunks``): compilation and CUDA-graph recording of every K length.
     ``candidates``' DiT patches are applied before anything runs; ``kernels`` adds one chunk to
     the first measured session, profiled (``kernel_profile``) and left out of its times."""
     eng, device = dit_engine_for(group, cfg)

@@ -530,12 +530,6 @@ def _f(x: float | None, fmt: str = "{:.1f}") -> str:
     return "—" if x is None else fmt.format(x)
 
 
-def _sig(row: Row) -> str:
-    if row.significant is None:
-        return "—"
-    return f"yes ({row.verdict})" if row.significant else "no"
-
-
 def _iv(r: Ratio | None) -> str:
     return "—" if r is None else f"[{r.low:.4f}, {r.high:.4f}]"
 

@@ -85,31 +85,36 @@ def latent_bytes(x: torch.Tensor) -> bytes:
 
 class EngineArm:
     """One arm's engine state, entered for each of its sessions: the candidates' runtime switches
-    set and their DiT patches applied, then all put back on leaving (also when a session fails, so
-    the next arm never runs on a half-patched engine). The baseline is an arm with no candidates."""
+    set and their DiT patches applied (``candidates.EnginePatches``: registry order), then all put
+    back on leaving — every revert runs, also when a session or a revert fails, so the next arm
+    never runs on a half-patched engine. The baseline is an arm with no candidates."""
 
     def __init__(self, eng, cfg: HarnessConfig, specs: list[str], switches: dict[str, str]):
-        self.eng, self.switches = eng, switches
-        self.patches = [(c.patch_dit, arg) for c, arg in C.resolve(specs, cfg) if c.patch_dit is not None]
+        C.resolve(specs, cfg)  # refused here, before any session
+        self.eng, self.specs, self.switches = eng, specs, switches
         self.base: dict = {}
-        self.reverts: list = []
+        self.patches: C.EnginePatches | None = None
 
     def __enter__(self) -> EngineArm:
         self.base = {k: getattr(self.eng, k) for k in self.switches}
-        self.reverts = []
         try:
             for k, v in self.switches.items():
                 setattr(self.eng, k, v)
-            for patch, arg in self.patches:
-                self.reverts.append(patch(self.eng, arg))
+            self.patches = C.EnginePatches(self.specs)
+            self.patches.apply(dit=self.eng)  # takes back what it applied if a patch fails
         except BaseException:
-            self.__exit__()
+            self._restore()
             raise
         return self
 
     def __exit__(self, *exc) -> None:
-        for r in reversed(self.reverts):
-            r()
+        try:
+            if self.patches is not None:
+                self.patches.revert()
+        finally:
+            self._restore()
+
+    def _restore(self) -> None:
         for k, v in self.base.items():
             setattr(self.eng, k, v)
 

@@ -271,7 +271,7 @@ def check_colocate(chunks: int = 9, mode: str = "compiled") -> dict:
     mechanism (MPS, streams) can reach when both workloads are compute-bound.
     """
     if chunks < 7:  # steady rounds are 6 … chunks − 1: a saturated DiT chunk and a saturated decode
-        raise SystemExit("colocate needs --chunks ≥ 7 (rounds 6 … chunks − 1 are the steady ones)")
+        raise HarnessError("colocate needs --chunks ≥ 7 (rounds 6 … chunks − 1 are the steady ones)")
     dev = torch.device("cuda")
     dit = DitEngine(_cfg(mode=mode), group=RankGroup.single(), device=dev, seed=0)
     vae = VaeEngine(_cfg(), group=RankGroup.single(), device=dev, seed=0)

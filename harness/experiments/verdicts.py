@@ -134,6 +134,7 @@ def load(path: str | Path) -> Verdict:
         if isinstance(d, dict) and {"rows", "gate", "reference"} <= d.keys():
             first = f.parent / "round0-A" / "manifest.json"
             if not d.get("setting") and first.is_file():  # written before compare recorded its setting
+                # only for these old files: compare imports torch, which reading JSON never needs
                 from harness.experiments.compare import run_setting
 
                 d = {**d, "setting": run_setting(_read_json(first))}

@@ -31,7 +31,6 @@ from harness.measure.stages import HANDOFF as HANDOFF_STAGE
 from harness.measure.stages import INTERVALS
 
 #: stage → (start boundary, end boundary), in data-flow order (``measure.stages``).
-STAGES: dict[str, tuple[str, str]] = INTERVALS
 #: Case D's handoff: frames of chunk i−1 in host memory → DiT starts chunk i (same session).
 HANDOFF = HANDOFF_STAGE.name
 
@@ -52,7 +51,7 @@ DEFAULT_PROCESSES: dict[str, str] = {
 }
 FLOW_STAGES: tuple[str, ...] = ("dit", "decode", "encode")
 _KEYS = ("session", "epoch", "chunk", "frames")
-_BOUNDARY_NAMES = frozenset(b for pair in STAGES.values() for b in pair)
+_BOUNDARY_NAMES = frozenset(b for pair in INTERVALS.values() for b in pair)
 
 
 class _Slice(NamedTuple):
@@ -81,7 +80,7 @@ def _stage_slices(table: list[tuple[Any, dict[str, int]]], pmap: Mapping[str, st
     slices: list[_Slice] = []
     prev_by_session: dict[tuple, tuple[Any, dict[str, int]]] = {}
     for e, b in table:
-        for stage, (start, end) in STAGES.items():
+        for stage, (start, end) in INTERVALS.items():
             if pmap.get(stage) and start in b and end in b:
                 slices.append(_Slice(stage, b[start], b[end], e))
         skey = (_get(e, "session"), _get(e, "epoch"))
@@ -182,7 +181,7 @@ def build_trace(
 
     proc_order = list(dict.fromkeys(p for p in pmap.values() if p))  # the map's order
     lanes = _Lanes({p: i + 1 for i, p in enumerate(proc_order)})
-    stage_order = {s: i for i, s in enumerate([*STAGES, HANDOFF])}
+    stage_order = {s: i for i, s in enumerate([*INTERVALS, HANDOFF])}
     index_of = {id(e): i for i, (e, _) in enumerate(table)}
     out: list[dict[str, Any]] = []
     placed: dict[tuple[int, str], tuple[int, int, float]] = {}  # (event idx, stage) → (pid, tid, ts)

@@ -34,7 +34,7 @@ DEFAULT_SLOWEST = 10
 TAIL_PERCENTILES: tuple[float, ...] = (50, 95, 99)
 GAP = GAP_STAGE.name
 #: Stages a slow sample is attributed to: the stages that tile submit → delivered, then the gap.
-STAGES: tuple[str, ...] = STAGE_NAMES + (GAP,)
+ATTRIBUTED_STAGES: tuple[str, ...] = STAGE_NAMES + (GAP,)
 #: A boundary is "late" once its excess reaches this fraction of the reference boundary's excess.
 LATE_FRACTION = 0.5
 
@@ -129,7 +129,7 @@ def boundary_intervals(cur: ChunkEvent, prev: ChunkEvent) -> dict[str, int]:
 def grew(stages: dict[str, Excess]) -> str | None:
     """The stage with the largest positive excess (ties: the earliest in data-flow order)."""
     best, best_x = None, 0.0
-    for name in STAGES:
+    for name in ATTRIBUTED_STAGES:
         x = stages.get(name)
         if x is not None and x.excess_ms is not None and x.excess_ms > best_x:
             best, best_x = name, x.excess_ms
@@ -201,7 +201,7 @@ def slowest_samples(
         out.append(SlowSample(
             rank=rank, session=s.session, epoch=s.epoch, chunk=s.chunk, boundary=reference,
             interval_ms=_ms(s.ns), median_ms=_ms(ref_med), excess_ms=excess_ms,
-            boundaries=bounds, stages=dict(sorted(stages.items(), key=lambda kv: STAGES.index(kv[0]))),
+            boundaries=bounds, stages=dict(sorted(stages.items(), key=lambda kv: ATTRIBUTED_STAGES.index(kv[0]))),
             # a sample no slower than the median has nothing to explain
             grew=grew(stages) if excess_ms > 0 else None, first_late=first_late(late, excess_ms), lateness=late,
         ))
@@ -213,7 +213,7 @@ def culprit_counts(samples: Sequence[SlowSample]) -> dict[str, int]:
     for s in samples:
         if s.grew is not None:
             counts[s.grew] = counts.get(s.grew, 0) + 1
-    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], STAGES.index(kv[0]))))
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], ATTRIBUTED_STAGES.index(kv[0]))))
 
 
 def boundary_tail(

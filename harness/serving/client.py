@@ -35,13 +35,10 @@ from aiohttp import WSMsgType
 
 from harness.drivers.trajectory import actions_for
 from harness.errors import HarnessError
+from harness.measure.clock import now
 from harness.pipeline.decode import decode_pyav
 from harness.pipeline.sinks import ensure_writable_dir
 from harness.serving import protocol as W
-from harness.serving.server import PATH
-
-
-from harness.measure.clock import now  # one clock for every timestamp
 
 
 class PlayStats(msgspec.Struct, frozen=True):
@@ -117,10 +114,6 @@ class SessionReport(msgspec.Struct):
         return [h for hd in self.headers for h in hd.frame_sha256]
 
 
-def _actions(seed: int, chunk: int, frames: int) -> list[str]:
-    return actions_for(seed, chunk, frames)
-
-
 async def run_session(url: str, *, preset: str, seed: int, chunks: int | None = None, prompt: str = "",
                       opts: ViewerOptions | None = None, http=None) -> SessionReport:
     """One session on its own connection, driven as ``opts`` says; never raises for what the
@@ -191,7 +184,7 @@ class _Viewer:
             if c in self.sent_actions or (opts.withhold_actions_from is not None and c >= opts.withhold_actions_from):
                 continue
             self.sent_actions.add(c)
-            await self.send(W.Actions(chunk=c, actions=_actions(self.seed, c, self.frames_per_chunk)))
+            await self.send(W.Actions(chunk=c, actions=actions_for(self.seed, c, self.frames_per_chunk)))
 
     async def trigger(self, point: str) -> bool:
         """True when the session is over on our side (we disconnected)."""
@@ -341,7 +334,7 @@ def session_url(connect: str) -> str:
     if not sep or not port.isdigit():
         raise HarnessError(f"--connect {connect!r}: expected HOST:PORT")
 
-    return f"ws://{host or '127.0.0.1'}:{port}{PATH}"
+    return f"ws://{host or '127.0.0.1'}:{port}{W.PATH}"
 
 
 async def run_sessions(url: str, *, sessions: int, seed: int, preset: str | None, chunks: int | None, prompt: str,

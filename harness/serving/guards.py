@@ -2,7 +2,7 @@
 
 Who may connect (Origin/Host against the listen address), the operator token that may read any
 session's outcome, the warm-up before the port opens, and the options that set them. The server
-(pipeline/server.py) applies them; README "Limits, and what the server promises" states the bounds.
+(serving/server.py) applies them; README "Limits, and what the server promises" states the bounds.
 """
 
 from __future__ import annotations

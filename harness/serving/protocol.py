@@ -29,6 +29,10 @@ from typing import Annotated, Union
 import msgspec
 from msgspec import Meta
 
+#: the endpoint's paths: sessions, and the health probe
+PATH = "/session"
+HEALTH_PATH = "/healthz"
+
 #: one text message; media frames are the server's and bounded by the chunk size
 MAX_CONTROL_BYTES = 64 * 1024
 MAX_PROMPT_CHARS = 2000

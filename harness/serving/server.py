@@ -51,9 +51,6 @@ from harness.measure.headline import run_headline
 from harness.serving import protocol as W
 from harness.serving.guards import DEFAULT_IDLE_TIMEOUT_S, hardening_options, origin_error, warm_up, write_token
 
-PATH = "/session"
-HEALTH_PATH = "/healthz"
-
 
 @dataclass
 class ListenOptions:
@@ -441,8 +438,8 @@ class StreamServer:
 
     async def _bind(self) -> None:
         app = web.Application()
-        app.router.add_get(PATH, self._handle)
-        app.router.add_get(HEALTH_PATH, self._health)
+        app.router.add_get(W.PATH, self._handle)
+        app.router.add_get(W.HEALTH_PATH, self._health)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None, keepalive_timeout=self.opts.idle_timeout_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.opts.host, self.opts.port)
@@ -630,7 +627,7 @@ def listen_main(args) -> int:
     faults = dict(parse_fault(f) for f in args.fault)
 
     def announce(h: str, p: int) -> None:
-        print(f"listening on ws://{h}:{p}{PATH}", flush=True)
+        print(f"listening on ws://{h}:{p}{W.PATH}", flush=True)
 
     lo = ListenOptions(host=host, port=port, max_sessions=args.sessions, on_listening=announce,
                        window=args.window or ListenOptions.window,

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import REPO
+from helpers.presets import tiny
+from helpers.procs import ignore_sigint, run_segments
 
 from harness.config import load_preset
 from harness.drivers.launcher import RankFailed
@@ -26,10 +29,6 @@ from harness.measure.events import BOUNDARIES, read_events, validate_events
 from harness.measure.gates import gate
 from harness.pipeline.decode import decode_ffmpeg, decode_pyav
 from harness.pipeline.ring import leftover_segments
-
-from helpers import REPO
-from helpers.presets import tiny
-from helpers.procs import ignore_sigint, run_segments
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +219,8 @@ def test_outputs_with_every_hook_on_are_byte_identical(runs):
 
 
 def test_trace_has_a_track_per_process_and_agrees_with_events(runs):
-    from harness.hooks.trace import STAGES, slices, validate_trace
+    from harness.hooks.trace import slices, validate_trace
+    from harness.measure.stages import INTERVALS
 
     d = runs["hooks"].run_dir
     trace = json.loads((d / "trace.json").read_text())
@@ -229,7 +229,7 @@ def test_trace_has_a_track_per_process_and_agrees_with_events(runs):
     assert {"driver", "dit rank 0", "vae rank 0", "encoder"} <= {s["process"] for s in sl}
     index = {(s["name"], s["args"]["session"], s["args"]["chunk"]): s for s in sl}
     for e in read_events(d / "events.jsonl"):
-        for stage, (a, b) in STAGES.items():
+        for stage, (a, b) in INTERVALS.items():
             ta, tb = getattr(e, a), getattr(e, b)
             if ta is None or tb is None:
                 continue

@@ -1,7 +1,7 @@
 """`scenario cancel --points list` prints the points of the transport it would run."""
 
 from harness.cli import main
-from harness.experiments import scenarios as S
+from harness.experiments.scenarios.points import cancel_points, ws_cancel_points
 
 
 def _listed(capsys, *extra):
@@ -12,6 +12,6 @@ def _listed(capsys, *extra):
 def test_points_list_follows_the_transport(capsys):
     inproc = _listed(capsys)
     ws = _listed(capsys, "--over", "websocket")
-    assert inproc == [p.name for p in S.cancel_points(1, 1, 3)]
-    assert ws == [p.name for p in S.ws_cancel_points(1.0, 3)]
+    assert inproc == [p.name for p in cancel_points(1, 1, 3)]
+    assert ws == [p.name for p in ws_cancel_points(1.0, 3)]
     assert "keep-partial-media" in inproc and "disconnect-mid-media" in ws

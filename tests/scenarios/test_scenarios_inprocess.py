@@ -5,20 +5,25 @@ from __future__ import annotations
 
 import json
 
-from harness.experiments import scenarios as S
-from harness.measure.events import read_sessions
-
 from helpers.presets import tiny
+
+from harness.experiments.scenarios.bad_input import bad_input_inprocess
+from harness.experiments.scenarios.cancel import cancel_inprocess
+from harness.experiments.scenarios.crash import crash_inprocess
+from harness.experiments.scenarios.params import Params
+from harness.experiments.scenarios.slow_consumer import slow_consumer_inprocess
+from harness.experiments.scenarios.topology import Topology, leak_checks
+from harness.measure.events import read_sessions
 
 
 def test_slow_consumer_and_cancel_share_one_topology(tmp_path):
     # One ring slot: a 4-chunk session at half the frame rate is enough for the producer to block.
-    topo = S.Topology(tiny(ring_slots=1), str(tmp_path / "run"))
+    topo = Topology(tiny(ring_slots=1), str(tmp_path / "run"))
     with topo:
-        slow = topo.run(lambda b: S.slow_consumer_inprocess(b, S.Params(chunks=4, rate=0.5, slow_sessions=2,
+        slow = topo.run(lambda b: slow_consumer_inprocess(b, Params(chunks=4, rate=0.5, slow_sessions=2,
                                                                            workdir=tmp_path)))
-        cancel = topo.run(lambda b: S.cancel_inprocess(b, S.Params(cancel_chunks=3, verify_chunks=1, workdir=tmp_path)))
-    S.leak_checks(cancel, topo.pids, topo.result.ring_prefix)
+        cancel = topo.run(lambda b: cancel_inprocess(b, Params(cancel_chunks=3, verify_chunks=1, workdir=tmp_path)))
+    leak_checks(cancel, topo.pids, topo.result.ring_prefix)
     print(slow.text())
     print(cancel.text())
     # rate comparisons (bottleneck, full rate restored) are the scenario command's to judge: on a
@@ -35,14 +40,14 @@ def test_slow_consumer_and_cancel_share_one_topology(tmp_path):
 
 
 def test_crash_of_a_dit_and_a_vae_rank(tmp_path):
-    rep = S.crash_inprocess(tiny(), S.Params(ranks=("dit:1", "vae:1"), fault_chunk=2, workdir=tmp_path), tmp_path)
+    rep = crash_inprocess(tiny(), Params(ranks=("dit:1", "vae:1"), fault_chunk=2, workdir=tmp_path), tmp_path)
     print(rep.text())
     assert rep.ok, rep.failures
 
 
 def test_bad_input(tmp_path):
     # A few command-line cases run as real subprocesses, the rest through cli.main here (same path).
-    rep = S.bad_input_inprocess(tiny(), S.Params(workdir=tmp_path, subprocess_every=6), ["--preset", "tiny"], tmp_path)
+    rep = bad_input_inprocess(tiny(), Params(workdir=tmp_path, subprocess_every=6), ["--preset", "tiny"], tmp_path)
     print(rep.text())
     assert rep.ok, rep.failures
     assert len(rep.rows) >= 15

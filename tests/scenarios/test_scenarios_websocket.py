@@ -13,17 +13,22 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.serving.client import status
-from harness.experiments import scenarios as S
 from harness.drivers.procwatch import shm_names, wait_gone
+from harness.experiments.scenarios.bad_messages import bad_input_ws
+from harness.experiments.scenarios.cancel import cancel_ws, ended_of
+from harness.experiments.scenarios.crash import crash_ws
+from harness.experiments.scenarios.params import Params
+from harness.experiments.scenarios.server_process import REPO_ROOT, ServerProcess
+from harness.experiments.scenarios.slow_consumer import slow_consumer_ws
 from harness.measure.events import read_events, read_sessions, validate_events
+from harness.serving.client import status
 
 SERVE_ARGS = ["--preset", "tiny", "--ring-slots", "1", "--window", "1"]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = S.ServerProcess(SERVE_ARGS, tmp_path_factory.mktemp("ws") / "run")
+    srv = ServerProcess(SERVE_ARGS, tmp_path_factory.mktemp("ws") / "run")
     srv.workers_at_start = srv.workers()
     yield srv
     if srv.proc.poll() is None:
@@ -31,7 +36,7 @@ def server(tmp_path_factory):
 
 
 def test_slow_consumer_over_websocket(server, tmp_path):
-    rep = S.slow_consumer_ws(server.url, S.Params(chunks=4, rate=0.5, slow_sessions=2, workdir=tmp_path), server)
+    rep = slow_consumer_ws(server.url, Params(chunks=4, rate=0.5, slow_sessions=2, workdir=tmp_path), server)
     print(rep.text())
     # rate comparisons are the scenario command's to judge (see the in-process test)
     assert rep.checks and not rep.correctness_failures, rep.correctness_failures
@@ -44,7 +49,7 @@ def test_cancel_and_disconnect_over_websocket(server, tmp_path):
     points = ("cancel-right-after-start", "cancel-on-header0", "cancel-after-chunk0", "disconnect-right-after-start",
               "disconnect-mid-chunk1", "disconnect-mid-media", "actions-timeout", "cancel-after-last-chunk",
               "twice-1", "twice-2")
-    rep = S.cancel_ws(server.url, S.Params(cancel_chunks=3, verify_chunks=1, points=points, workdir=tmp_path), server)
+    rep = cancel_ws(server.url, Params(cancel_chunks=3, verify_chunks=1, points=points, workdir=tmp_path), server)
     print(rep.text())
     assert rep.ok, rep.failures
     assert {r[1] for r in rep.rows} == set(points)
@@ -53,7 +58,7 @@ def test_cancel_and_disconnect_over_websocket(server, tmp_path):
 
 
 def test_bad_network_messages(server, tmp_path):
-    rep = S.bad_input_ws(server.url, S.Params(workdir=tmp_path))
+    rep = bad_input_ws(server.url, Params(workdir=tmp_path))
     print(rep.text())
     assert rep.ok, rep.failures
     assert len(rep.rows) >= 15
@@ -62,7 +67,7 @@ def test_bad_network_messages(server, tmp_path):
 def test_client_command_line_plays_verifies_and_disconnects(server, tmp_path):
     host_port = server.url.split("//")[1].split("/")[0]
     run = lambda *a: subprocess.run([sys.executable, "-m", "harness", "client", "--connect", host_port, *a],  # noqa: E731
-                                    capture_output=True, text=True, timeout=300, cwd=S.REPO_ROOT)
+                                    capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     ok = run("--sessions", "2", "--chunks", "2", "--seed", "5", "--out", str(tmp_path / "c1"), "--verify")
     print(ok.stdout, ok.stderr)
     assert ok.returncode == 0, ok.stderr
@@ -77,7 +82,7 @@ def test_client_command_line_plays_verifies_and_disconnects(server, tmp_path):
     print(gone.stdout, gone.stderr)
     assert gone.returncode == 0, gone.stderr
     assert not list((tmp_path / "c2").glob("*.mkv*"))  # nothing half-written left behind
-    end = asyncio.run(S.ended_of(server.url, SimpleNamespace(ended=None, session=None), before,
+    end = asyncio.run(ended_of(server.url, SimpleNamespace(ended=None, session=None), before,
                                  token=server.operator_token()))
     assert end is not None and end.cancelled and end.reason == "client disconnected"
     assert end.kv_blocks_used == 0 and end.ring_free == end.ring_slots and end.media_discarded
@@ -102,6 +107,6 @@ def test_shared_server_stops_clean_and_its_run_directory_is_valid(server):
 
 
 def test_crash_over_websocket(tmp_path):
-    rep = S.crash_ws(["--preset", "tiny"], S.Params(ranks=("dit:1",), fault_chunk=2, workdir=tmp_path), tmp_path)
+    rep = crash_ws(["--preset", "tiny"], Params(ranks=("dit:1",), fault_chunk=2, workdir=tmp_path), tmp_path)
     print(rep.text())
     assert rep.ok, rep.failures

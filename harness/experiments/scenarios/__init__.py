@@ -20,7 +20,7 @@ One module per idea, arrows pointing down the list:
 * one module per scenario: ``slow_consumer``, ``cancel`` (its points in ``points``),
   ``crash``, ``bad_input`` (command lines, engine, VAE) and ``bad_messages`` (over websocket);
 * ``topology`` — the in-process way in (a launched topology that runs submitted jobs, leak
-  checks, the scenarios' clock); ``server_process`` — the websocket way in (``serve --listen``
+  checks); ``server_process`` — the websocket way in (``serve --listen``
   as a subprocess);
 * ``report``, ``figures``, ``params``, ``arguments`` — the report, per-session figures, what a
   scenario is asked to do and the command's options.
@@ -29,28 +29,13 @@ One module per idea, arrows pointing down the list:
 from __future__ import annotations
 
 import argparse
-import importlib
 
 from harness.experiments.scenarios.arguments import SCENARIOS, add_scenario_arguments
 from harness.experiments.scenarios.params import Params
 from harness.experiments.scenarios.report import Report
 from harness.experiments.scenarios.server_process import REPO_ROOT, ServerProcess
 
-#: the scenarios themselves, by the module that defines them: loaded on first use (see ``main``).
-#: No module may be named like a name it defines: once imported, the submodule would shadow it here.
-_LAZY = {
-    "Topology": "topology", "leak_checks": "topology",
-    "slow_consumer_inprocess": "slow_consumer", "slow_consumer_ws": "slow_consumer",
-    "cancel_inprocess": "cancel", "cancel_ws": "cancel", "ended_of": "cancel",
-    "cancel_points": "points", "ws_cancel_points": "points",
-    "crash_inprocess": "crash", "crash_ws": "crash",
-    "bad_input_inprocess": "bad_input", "bad_input_ws": "bad_messages",
-}
-
-__all__ = ["SCENARIOS", "REPO_ROOT", "Params", "Report", "ServerProcess", "add_scenario_arguments", "main",
-           "Topology", "leak_checks", "slow_consumer_inprocess", "slow_consumer_ws", "cancel_inprocess", "cancel_ws",
-           "ended_of", "cancel_points", "ws_cancel_points", "crash_inprocess", "crash_ws", "bad_input_inprocess",
-           "bad_input_ws"]
+__all__ = ["SCENARIOS", "REPO_ROOT", "Params", "Report", "ServerProcess", "add_scenario_arguments", "main"]
 
 
 def main(args: argparse.Namespace) -> int:
@@ -60,10 +45,3 @@ def main(args: argparse.Namespace) -> int:
     from harness.experiments.scenarios.command import run
 
     return run(args)
-
-
-def __getattr__(name: str):
-    # The same reason: a scenario's name resolves to its module only when it is used.
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,11 +13,9 @@ import threading
 import time
 from pathlib import Path
 
-from harness.config import load_config
+from harness.config import REPO_ROOT, load_config
 from harness.drivers.procwatch import shm_names, start_time, wait_gone, workers_of
 from harness.experiments.scenarios.report import Report
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _stop_with_parent() -> None:

@@ -32,7 +32,7 @@ def runs(extra, tmp_path_factory):
 
 
 def _check_run_dir(res, cfg) -> None:
-    """What tests/serve checks of a reference run: frames, media decoding to the saved pixels and
+    """What tests/drivers/test_serve.py checks of a reference run: frames, media decoding to the saved pixels and
     the per-chunk hashes, the 40 saved files, complete status, every boundary in order, no leftovers."""
     d, n = res.run_dir, cfg.video.chunks_per_session
     man = json.loads((d / "manifest.json").read_text())
