@@ -10,6 +10,7 @@ process that must configure itself first) in a comment on its line or the line a
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "harness"
@@ -55,7 +56,8 @@ def _targets(mod: str, is_pkg: bool, node: ast.AST, known: dict[str, Path]) -> l
     return sorted({n for n in names if n in known})
 
 
-def arrows() -> list[tuple[str, str, bool, int, Path]]:
+@functools.cache  # two tests read the same walk
+def arrows() -> tuple[tuple[str, str, bool, int, Path], ...]:
     """(importer, imported, inside a function, line, file) for every import of a harness module."""
     known, out = modules(), []
     for mod, path in known.items():
@@ -66,7 +68,7 @@ def arrows() -> list[tuple[str, str, bool, int, Path]]:
                 for t in _targets(mod, path.name == "__init__.py", node, known):
                     if t != mod:
                         out.append((mod, t, id(node) not in top, node.lineno, path))
-    return out
+    return tuple(out)
 
 
 def layer_of(mod: str) -> tuple[int, str]:

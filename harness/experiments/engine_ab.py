@@ -91,16 +91,15 @@ class EngineArm:
 
     def __init__(self, eng, cfg: HarnessConfig, specs: list[str], switches: dict[str, str]):
         C.resolve(specs, cfg)  # refused here, before any session
-        self.eng, self.specs, self.switches = eng, specs, switches
+        self.eng, self.switches = eng, switches
+        self.patches = C.EnginePatches(specs)  # empty between sessions: every revert has run
         self.base: dict = {}
-        self.patches: C.EnginePatches | None = None
 
     def __enter__(self) -> EngineArm:
         self.base = {k: getattr(self.eng, k) for k in self.switches}
         try:
             for k, v in self.switches.items():
                 setattr(self.eng, k, v)
-            self.patches = C.EnginePatches(self.specs)
             self.patches.apply(dit=self.eng)  # takes back what it applied if a patch fails
         except BaseException:
             self._restore()
@@ -109,8 +108,7 @@ class EngineArm:
 
     def __exit__(self, *exc) -> None:
         try:
-            if self.patches is not None:
-                self.patches.revert()
+            self.patches.revert()
         finally:
             self._restore()
 
