@@ -4,6 +4,7 @@ ring-to-ring frame path (exact bytes, order, bounded by the rings)."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from multiprocessing.connection import wait
@@ -92,9 +93,24 @@ def test_clock_offset_measured_between_hosts(monkeypatch):
     lst.close()
 
 
+def _shrink_buffer(conn, opt: int, size: int) -> None:
+    """Pin one kernel socket buffer (no autotuning) so the bytes in flight are bounded by it."""
+    dup = socket.fromfd(conn.fileno(), socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        dup.setsockopt(socket.SOL_SOCKET, opt, size)
+    finally:
+        dup.close()
+
+
 def test_ring_to_ring_frames_exact_in_order_and_bounded():
+    """Frames arrive exact and in order, and a consumer that holds its slots holds the producer back.
+
+    With the socket buffers pinned far below one frame, at most 2 (receiving ring) + 2 (sending
+    ring) frames can be in flight, so while nothing is released the producer must find its ring
+    full before chunk 4, and its put of chunk 4 can only return after the consumer's first release:
+    causal facts, not timings."""
     prefix = f"hnt-{os.getpid()}-chan"
-    shape = (12, 16, 24, 3)
+    shape = (32, 96, 96, 3)  # 0.85 MiB per frame, ~13x the pinned socket buffers
     tx = FrameRing.create(prefix + "-tx", 2, int(np.prod(shape)))
     rx_ring = FrameRing.create(prefix + "-rx", 2, int(np.prod(shape)))
     lst = Listener("127.0.0.1", "t")
@@ -103,20 +119,28 @@ def test_ring_to_ring_frames_exact_in_order_and_bounded():
     t.start()
     conn, _ = connect(lst.address, "t")
     t.join()
+    _shrink_buffer(conn, socket.SO_SNDBUF, 16384)
+    _shrink_buffer(out["srv"][0], socket.SO_RCVBUF, 16384)
     sender, receiver = RingSender(tx, conn), RingReceiver(rx_ring, out["srv"][0])
     chunks = [np.random.default_rng(i).integers(0, 256, shape, dtype=np.uint8) for i in range(8)]
-    refs = []
+    refs, held = [], 4
+    at_held, releasing, seen = threading.Event(), threading.Event(), {}
 
     def produce():
         for i, c in enumerate(chunks):
-            refs.append(tx.put(c, session=3, chunk=i, timeout=30))  # blocks when both rings are full
+            if i == held:
+                seen["free_before"] = tx.free_count()
+                at_held.set()
+            refs.append(tx.put(c, session=3, chunk=i, timeout=30))
+            if i == held:
+                seen["after_release"] = releasing.is_set()
             sender.submit(refs[-1])
 
     p = threading.Thread(target=produce)
     p.start()
     try:
+        assert at_held.wait(30)  # nothing is taken before the producer reaches chunk 4
         for i, c in enumerate(chunks):
-            time.sleep(0.02)  # a slow consumer: the producer must be held back, not buffered without bound
             while len(refs) <= i:
                 time.sleep(0.001)
             local = receiver.take(refs[i].slot, refs[i].generation, timeout=30)
@@ -124,11 +148,13 @@ def test_ring_to_ring_frames_exact_in_order_and_bounded():
             view = rx_ring.claim(local)
             np.testing.assert_array_equal(view, c)
             del view
+            releasing.set()
             rx_ring.release(local)
         p.join(30)
         assert sender.drain(10)
+        assert seen == {"free_before": 0, "after_release": True}  # backpressure reached the producer
         assert tx.free_count() == 2 and rx_ring.free_count() == 2
-        assert tx.stats().blocked_ns > 0  # backpressure reached the producer's own ring
+        assert tx.stats().high_water == rx_ring.stats().high_water == 2
         assert sender.sent_bytes == receiver.received_bytes == len(chunks) * chunks[0].nbytes
     finally:
         sender.close()

@@ -51,6 +51,10 @@ def test_two_process_transfer_exact_and_bounded(request):
         blocked = ProcessQueue(1, "blocked", ctx=CTX)
         p = CTX.Process(target=_producer, args=(msgspec.msgpack.encode(ring.spec), q, blocked))
         p.start()
+        deadline = time.monotonic() + 30
+        while ring.stats().in_use < slots:  # nothing is released before every slot is taken, so
+            assert time.monotonic() < deadline  # the producer's next acquire has to wait
+            time.sleep(0.001)
         max_in_use = 0
         for i, shape in enumerate(SHAPES):
             ref = q.get(timeout=30)
