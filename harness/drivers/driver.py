@@ -15,6 +15,7 @@ reports it delivered.
 from __future__ import annotations
 
 import hashlib
+import math
 import sys
 import time
 from collections import deque
@@ -70,21 +71,25 @@ class StallWatch:
         self.bound_s, self.session, self.epoch, self.sink = bound_s, session, epoch, sink
         self.since = time.monotonic()
         self.current: dict | None = None
+        self.checked = 0.0  # how long the wait had lasted at the previous idle check
 
     def idle(self, stage: str, chunk: int) -> None:
         waited = time.monotonic() - self.since
         if self.current is None and waited >= self.bound_s:
+            # previous_check_s < bound_s <= reported_after_s: reported at the first look past the bound
             self.current = {"session": self.session, "epoch": self.epoch, "chunk": chunk, "stage": stage,
-                            "reported_after_s": round(waited, 3), "bound_s": self.bound_s, "lasted_s": None}
+                            "reported_after_s": round(waited, 3), "previous_check_s": math.floor(self.checked * 1e3) / 1e3,
+                            "bound_s": self.bound_s, "lasted_s": None}
             self.sink.append(self.current)
             print(f"stall: {stage} made no progress for {waited:.1f} s (session {self.session}, chunk {chunk}); "
                   f"still waiting", file=sys.stderr, flush=True)
+        self.checked = waited
 
     def progress(self) -> None:
         if self.current is not None:
             self.current["lasted_s"] = round(time.monotonic() - self.since, 3)
             self.current = None
-        self.since = time.monotonic()
+        self.since, self.checked = time.monotonic(), 0.0
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 SHM = Path("/dev/shm")
@@ -134,6 +135,18 @@ class RssSampler(_Poller):
             self._sample()
 
 
+@dataclass(frozen=True)
+class FirstDeath:
+    """The earliest worker death a ``DeathWatch`` saw, as the interval its looks allow: it happened
+    after ``after_ns`` (the last look that found a candidate running) and by ``by_ns`` (the first
+    look that found one gone). ``pids``: every worker that could have died first — more than one
+    only when another one's death also fits inside that interval."""
+
+    pids: frozenset[int]
+    after_ns: int
+    by_ns: int
+
+
 class DeathWatch(_Poller):
     """Records when each worker process of ``parent`` (as found while watching) stops running,
     to time how long a crash takes to surface as an error."""
@@ -142,19 +155,26 @@ class DeathWatch(_Poller):
                  exclude_existing: bool = True) -> None:
         self.rescan_s = rescan_s  # finding new workers scans /proc; checking known ones is one read each
         self.parent, self.recursive, self.period_s = parent, recursive, period_s
+        self.started_ns = time.monotonic_ns()
         self.seen: set[int] = set(workers_of(parent, recursive))
         # workers that existed before the watch belong to someone else (e.g. another topology of this process)
         self.before = set(self.seen) if exclude_existing else set()
-        self.deaths: dict[int, int] = {}  # pid → monotonic ns it was first seen dead
+        self.deaths: dict[int, int] = {}  # pid → monotonic ns right after the look that found it gone
+        self.alive_at: dict[int, int] = {}  # pid → monotonic ns right before the last look that found it running
         self._start_thread("death-watch")
 
     @property
     def ours(self) -> set[int]:
         return self.seen - self.before
 
-    def first_death(self) -> tuple[int, int] | None:
+    def first_death(self) -> FirstDeath | None:
         mine = {p: t for p, t in self.deaths.items() if p not in self.before}
-        return min(mine.items(), key=lambda kv: kv[1]) if mine else None
+        if not mine:
+            return None
+        by = min(mine.values())
+        could = {p: self.alive_at.get(p, self.started_ns) for p in mine}
+        could = {p: t for p, t in could.items() if t < by}
+        return FirstDeath(frozenset(could), min(could.values()), by)
 
     def _run(self) -> None:
         next_scan = 0.0
@@ -162,8 +182,12 @@ class DeathWatch(_Poller):
             if time.monotonic() >= next_scan:
                 self.seen.update(workers_of(self.parent, self.recursive))
                 next_scan = time.monotonic() + self.rescan_s
-            t = time.monotonic_ns()
-            for p in self.seen:
-                if p not in self.deaths and not alive(p):
-                    self.deaths[p] = t
+            for p in list(self.seen):
+                if p in self.deaths:
+                    continue
+                before = time.monotonic_ns()
+                if alive(p):
+                    self.alive_at[p] = before
+                else:
+                    self.deaths[p] = time.monotonic_ns()
             time.sleep(self.period_s)

@@ -49,6 +49,10 @@ from harness.workers.common import WorkerSpec, needs_world
 
 FRAME_PATHS = ("auto", "ring", "socket")
 _LIVENESS_EVERY_S = 0.5  # how often poll() asks Ray about actors whose sockets are still open
+#: How long naming a dead rank may wait: for Ray to say how the actor ended, and (when a peer's
+#: error arrives first) for the rank that died to show itself. A death is named within their sum.
+DEATH_REPORT_S = 5.0
+PEER_FIRST_WAIT_S = 1.0
 _NODE_PIN = 0.001  # share of a node's "node:<ip>" resource that pins a bundle to that node
 
 
@@ -290,7 +294,7 @@ class RayLauncher(Addressing):
                 raise self._death(p) from None
             if isinstance(msg, M.WorkerError):
                 # A dead rank takes its collective peers down; name the one that died, not the one that noticed.
-                dead = self._first_dead(exclude=p, wait_s=1.0)
+                dead = self._first_dead(exclude=p, wait_s=PEER_FIRST_WAIT_S)
                 if dead is not None:
                     raise RankFailed(f"{self._death(dead)}; then {p.name} failed: {msg.message.splitlines()[0][:160]}")
                 raise RankFailed(f"{p.name} failed: {msg.message.splitlines()[0]}")
@@ -347,7 +351,7 @@ class RayLauncher(Addressing):
             how = "its connection closed"
         else:
             try:
-                code = ray.get(p.run_ref, timeout=5.0)
+                code = ray.get(p.run_ref, timeout=DEATH_REPORT_S)
                 verb, how = "exited", f"worker returned status {code} without reporting an error"
             except ray.exceptions.RayActorError as e:
                 how = f"actor process ended ({_exit_type(e)})"

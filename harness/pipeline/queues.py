@@ -41,6 +41,7 @@ class QueueStats(msgspec.Struct, frozen=True):
     put_blocked_ns: int  # producers' total time waiting for room
     put_blocked_count: int  # puts that had to wait at all
     get_wait_ns: int  # consumers' total time waiting for an item (starvation, not backpressure)
+    put_waiting: int  # producers blocked in put right now (the counts above grow only once a wait ends)
 
 
 class BoundedQueue(Generic[T]):
@@ -54,7 +55,7 @@ class BoundedQueue(Generic[T]):
         self._not_empty = threading.Condition(self._lock)
         self._closed = False
         self._puts = self._gets = self._high = 0
-        self._put_blocked_ns = self._put_blocked_n = self._get_wait_ns = 0
+        self._put_blocked_ns = self._put_blocked_n = self._get_wait_ns = self._put_waiting = 0
 
     def put(self, item: T, timeout: float | None = None) -> int:
         """Enqueue, waiting for room. Returns the nanoseconds this call was blocked."""
@@ -63,14 +64,17 @@ class BoundedQueue(Generic[T]):
             if len(self._items) >= self.maxsize and not self._closed:
                 t0 = time.monotonic_ns()
                 deadline = None if timeout is None else t0 + int(timeout * 1e9)
-                while len(self._items) >= self.maxsize and not self._closed:
-                    left = None if deadline is None else (deadline - time.monotonic_ns()) / 1e9
-                    if left is not None and left <= 0:
-                        self._account_block(time.monotonic_ns() - t0)
-                        raise queue.Full
-                    self._not_full.wait(left)
-                blocked = time.monotonic_ns() - t0
-                self._account_block(blocked)
+                self._put_waiting += 1
+                try:
+                    while len(self._items) >= self.maxsize and not self._closed:
+                        left = None if deadline is None else (deadline - time.monotonic_ns()) / 1e9
+                        if left is not None and left <= 0:
+                            raise queue.Full
+                        self._not_full.wait(left)
+                finally:
+                    self._put_waiting -= 1
+                    blocked = time.monotonic_ns() - t0
+                    self._account_block(blocked)
             if self._closed:
                 raise QueueClosed(self.name)
             self._items.append(item)
@@ -119,13 +123,13 @@ class BoundedQueue(Generic[T]):
     def stats(self) -> QueueStats:
         with self._lock:
             return QueueStats(self.name, self.maxsize, self._puts, self._gets, len(self._items), self._high,
-                              self._put_blocked_ns, self._put_blocked_n, self._get_wait_ns)
+                              self._put_blocked_ns, self._put_blocked_n, self._get_wait_ns, self._put_waiting)
 
 
 # Shared counter slots of ProcessQueue.
-_PUTS, _GETS, _HIGH, _BLOCKED_NS, _BLOCKED_N, _GET_WAIT_NS = range(6)
+_PUTS, _GETS, _HIGH, _BLOCKED_NS, _BLOCKED_N, _GET_WAIT_NS, _WAITING = range(7)
 _COUNTER = {"puts": _PUTS, "gets": _GETS, "blocked_ns": _BLOCKED_NS, "blocked_n": _BLOCKED_N,
-            "get_wait_ns": _GET_WAIT_NS}
+            "get_wait_ns": _GET_WAIT_NS, "waiting": _WAITING}
 
 
 class ProcessQueue(Generic[T]):
@@ -146,7 +150,7 @@ class ProcessQueue(Generic[T]):
         self._reader, self._writer = ctx.Pipe(duplex=False)
         self._room = ctx.BoundedSemaphore(maxsize)
         self._rlock, self._wlock = ctx.Lock(), ctx.Lock()
-        self._counters = ctx.Array("q", 6)  # int64, with its own lock
+        self._counters = ctx.Array("q", len(_COUNTER) + 1)  # int64, with its own lock (+1: high water)
         self._closed = ctx.Event()
         self._init_codec()
 
@@ -183,6 +187,7 @@ class ProcessQueue(Generic[T]):
         if not self._room.acquire(False):
             t0 = time.monotonic_ns()
             deadline = None if timeout is None else t0 + int(timeout * 1e9)
+            self._add(waiting=1)
             try:
                 while True:
                     if self._closed.is_set():
@@ -194,7 +199,7 @@ class ProcessQueue(Generic[T]):
                         break
             finally:
                 blocked = time.monotonic_ns() - t0
-                self._add(blocked_ns=blocked, blocked_n=1)
+                self._add(blocked_ns=blocked, blocked_n=1, waiting=-1)
         try:
             with self._wlock:
                 self._writer.send_bytes(payload)
@@ -237,4 +242,4 @@ class ProcessQueue(Generic[T]):
         with self._counters.get_lock():
             c = list(self._counters)
         return QueueStats(self.name, self.maxsize, c[_PUTS], c[_GETS], c[_PUTS] - c[_GETS], c[_HIGH],
-                          c[_BLOCKED_NS], c[_BLOCKED_N], c[_GET_WAIT_NS])
+                          c[_BLOCKED_NS], c[_BLOCKED_N], c[_GET_WAIT_NS], c[_WAITING])

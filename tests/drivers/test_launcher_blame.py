@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from harness.drivers import launcher as launcher_mod
 from harness.drivers.launcher import LocalLauncher, Proc, RankFailed
 from harness.pipeline import messages as M
 
@@ -79,16 +80,29 @@ def test_a_peer_reporting_first_does_not_hide_the_killed_rank(ranks):
                               "then vae rank 0 failed: " + RESET.splitlines()[0])
 
 
-def test_a_death_seen_a_moment_after_the_report_is_still_blamed(ranks):
+def test_a_death_seen_a_moment_after_the_report_is_still_blamed(ranks, monkeypatch):
+    """The rank dies only once the peer's report has been read and the launcher waits for a
+    death: started from inside that wait, 50 ms late (the wait's bound is raised so a slow timer
+    thread cannot outlast it — what is tested is the order, not the 0.5 s)."""
     (d0, c0), (d1, c1) = ranks("dit", 0), ranks("dit", 1)
     report(d1, c1, RESET)
-    late = threading.Timer(0.05, die, (d0, c0, -9))
-    late.start()
+    timers, real_wait = [], launcher_mod.wait
+
+    def wait_for_death(objs, timeout=None):
+        if all(isinstance(o, int) for o in objs) and not timers:  # sentinels only: _failure's wait
+            timers.append(threading.Timer(0.05, die, (d0, c0, -9)))
+            timers[0].start()
+        return real_wait(objs, timeout)
+
+    monkeypatch.setattr(launcher_mod, "wait", wait_for_death)
+    monkeypatch.setattr(launcher_mod, "DEATH_WAIT_S", 30.0)
     try:
         with pytest.raises(RankFailed, match=r"^dit rank 0 \(pid 0\) died: killed by signal 9; then dit rank 1 failed: "):
             launcher(d0, d1).poll(1.0)
     finally:
-        late.join()
+        for t in timers:
+            t.join()
+    assert len(timers) == 1
 
 
 @pytest.mark.parametrize("peer_reported", [True, False])

@@ -202,9 +202,9 @@ def test_a_full_disk_leaves_a_failed_manifest_and_no_summary(tmp_path):
 
 
 def test_a_stalled_worker_is_reported_within_the_bound_and_shows_in_the_summary(tmp_path, capfd):
-    """A VAE rank that stops making progress for 4 s (alive, not dead) is reported after the 1 s
-    bound (plus at most one 1 s poll), long before rank_timeout_s; the run still completes with
-    the frames of a clean run, and the summary lists the stall."""
+    """A VAE rank that stops making progress for 4 s (alive, not dead) is reported at the driver's
+    first look past the 1 s bound, while it is still stalled and long before rank_timeout_s; the
+    run still completes with the frames of a clean run, and the summary lists the stall."""
     cfg = override(load_preset("tiny"), runtime={"sessions": 1, "stall_report_s": 1.0}, video={"chunks_per_session": 3})
     clean = serve(cfg, ServeOptions(out=str(tmp_path / "clean"), progress=False, probes=False))
     # on a loaded box an ordinary decode may pass the 1 s bound too; nothing there lasts like the injected stall
@@ -213,7 +213,8 @@ def test_a_stalled_worker_is_reported_within_the_bound_and_shows_in_the_summary(
                                   faults={"vae:0": "stall-at-chunk:1:4"}))
     stalls = [s for s in res.summary["stalls"] if s["lasted_s"] >= 3.0]
     assert len(stalls) == 1 and stalls[0]["stage"] == "vae" and stalls[0]["chunk"] == 1, res.summary["stalls"]
-    assert 1.0 <= stalls[0]["reported_after_s"] <= 1.0 + 1.0 + 0.5  # bound + one poll period (+ scheduling)
+    st = stalls[0]
+    assert st["previous_check_s"] < st["bound_s"] == 1.0 <= st["reported_after_s"] < st["lasted_s"]
     assert "stalled" in res.summary["flags"] and res.summary["stall_report_s"] == 1.0
     assert "stall: vae made no progress" in capfd.readouterr().err
     assert res.summary["status"] == "complete"

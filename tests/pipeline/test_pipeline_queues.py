@@ -20,13 +20,29 @@ class Msg(msgspec.Struct, frozen=True):
     tag: str
 
 
+def _hold_until_waiting(q, ended: int) -> None:
+    """Wait until ``ended`` blocked puts have finished waiting and the next one is blocked: the
+    hold that follows is then that put's blocked time (one read, so the two counts agree)."""
+    deadline = time.monotonic() + 30
+    while True:
+        st = q.stats()
+        if (st.put_blocked_count, st.put_waiting) == (ended, 1):
+            return
+        assert time.monotonic() < deadline, f"put {ended + 2} never blocked"
+        time.sleep(0.001)
+
+
 def test_thread_queue_blocks_accounts_and_keeps_order():
+    """6 puts into 2 places: puts 2..5 each wait for a get, and before each of those gets the
+    consumer holds 50 ms once the producer is seen blocked, so ≥ 4 × 50 ms blocked is a fact."""
     q: BoundedQueue[int] = BoundedQueue(2, "t")
     got = []
 
     def consumer():
-        for _ in range(6):
-            time.sleep(0.05)
+        for i in range(6):
+            if i < 4:
+                _hold_until_waiting(q, ended=i)
+                time.sleep(0.05)
             got.append(q.get(timeout=5))
 
     t = threading.Thread(target=consumer)
@@ -38,9 +54,8 @@ def test_thread_queue_blocks_accounts_and_keeps_order():
     st = q.stats()
     assert got == list(range(6))
     assert st.puts == st.gets == 6 and st.depth == 0 and st.high_water == 2
-    # 6 puts into 2 places with a 50 ms consumer: the producer waits ~4 consumer periods.
-    assert st.put_blocked_ns == blocked and 0.12e9 < blocked <= elapsed
-    assert st.put_blocked_count >= 3
+    assert st.put_blocked_ns == blocked and 4 * 50_000_000 <= blocked <= elapsed
+    assert st.put_blocked_count == 4 and st.put_waiting == 0
 
 
 def test_thread_queue_timeout_close_semantics():
@@ -64,26 +79,30 @@ def test_thread_queue_timeout_close_semantics():
         BoundedQueue(1).get(timeout=0.01)
 
 
-def _mp_producer(q: ProcessQueue) -> None:
-    for i in range(6):
-        q.put(Msg(i, f"m{i}"))
+def _mp_producer(q: ProcessQueue, blocked: ProcessQueue) -> None:
+    blocked.put(sum(q.put(Msg(i, f"m{i}")) for i in range(6)))
 
 
 def test_process_queue_typed_blocks_and_shares_stats():
+    """As the thread test, across processes: the counts the producer keeps are read here."""
     q: ProcessQueue[Msg] = ProcessQueue(2, "p", type=Msg, ctx=CTX)
-    p = CTX.Process(target=_mp_producer, args=(q,))
+    blocked = ProcessQueue(1, "blocked", ctx=CTX)
+    p = CTX.Process(target=_mp_producer, args=(q, blocked))
     p.start()
-    time.sleep(0.5)  # let the producer fill the queue and block
     got = []
-    for _ in range(6):
+    for i in range(6):
+        if i < 4:
+            _hold_until_waiting(q, ended=i)
+            time.sleep(0.05)
         got.append(q.get(timeout=10))
-        time.sleep(0.05)
+    producer_blocked = blocked.get(timeout=30)
     p.join(10)
     assert p.exitcode == 0
     assert got == [Msg(i, f"m{i}") for i in range(6)]
     st = q.stats()  # counted in the producer process, read here
     assert st.puts == st.gets == 6 and st.high_water == 2
-    assert st.put_blocked_ns > 0.1e9 and st.put_blocked_count >= 1
+    assert st.put_blocked_ns == producer_blocked >= 4 * 50_000_000
+    assert st.put_blocked_count == 4 and st.put_waiting == 0
     q.close()
     with pytest.raises(QueueClosed):
         q.get(timeout=1)

@@ -2,6 +2,7 @@
 so tests on a loaded box can judge only what does not depend on the machine's speed."""
 
 from harness.experiments.scenarios import Report
+from harness.experiments.scenarios.slow_consumer import consumer_fps
 
 
 def test_rate_checks_fail_the_scenario_but_not_correctness():
@@ -14,3 +15,10 @@ def test_rate_checks_fail_the_scenario_but_not_correctness():
     r.check("ring bounded", False, "3 of 2 slots")
     assert r.correctness_failures == ["ring bounded: 3 of 2 slots"]
     assert not Report("x", "y").ok  # no checks at all is not a pass
+
+
+def test_the_slow_consumer_is_throttled_against_what_this_machine_produced():
+    # DESIGN §7: a fraction of the production rate, so a slow machine still has a slower consumer
+    assert consumer_fps(0.5, reference_fps=6.0, nominal_fps=16) == 3.0
+    assert consumer_fps(0.25, reference_fps=40.0, nominal_fps=16) == 10.0
+    assert consumer_fps(0.5, reference_fps=None, nominal_fps=16) == 8.0  # reference too short to measure

@@ -14,7 +14,8 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--over", choices=["inprocess", "websocket"], default="inprocess",
                    help="drive the launched topology directly (file sink) or through serve --listen and the bundled client")
     g.add_argument("--connect", metavar="HOST:PORT", help="websocket: use this running server instead of launching one")
-    g.add_argument("--rate", type=float, default=0.5, help="slow-consumer: consumer speed as a fraction of video.fps (default 0.5)")
+    g.add_argument("--rate", type=float, default=0.5, help="slow-consumer: consumer speed as a fraction of the rate the unthrottled reference "
+                   "session was delivered at on this machine (default 0.5)")
     g.add_argument("--slow-sessions", type=int, default=2, help="slow-consumer: throttled sessions (default 2)")
     g.add_argument("--points", help="cancel: comma list of cancel points to run (default: all; --points list prints them)")
     g.add_argument("--cancel-chunks", type=int, default=3, help="cancel: chunks of each cancelled session (default 3)")

@@ -23,12 +23,20 @@ from harness.serving.client import ViewerOptions, run_session, status
 BLOCKED_KINDS = ("ring", "sink", "client")
 
 
-def _slow_plan(p: Params, fps: int) -> list[tuple[str, int, float | None]]:
-    """(role, seed, consumer fps or None). Every seed of a throttled session also runs unthrottled:
-    the reference first, the recovery last."""
-    slow = [("slow", p.seed + (i % 2), p.rate * fps) for i in range(p.slow_sessions)]
+def _slow_plan(p: Params) -> list[tuple[str, int, bool]]:
+    """(role, seed, throttled). Every seed of a throttled session also runs unthrottled: the
+    reference first, the recovery last."""
+    slow = [("slow", p.seed + (i % 2), True) for i in range(p.slow_sessions)]
     last_seed = slow[-1][1] if slow else p.seed
-    return [("reference", p.seed, None)] + slow + [("restored", last_seed, None)]
+    return [("reference", p.seed, False)] + slow + [("restored", last_seed, False)]
+
+
+def consumer_fps(rate: float, reference_fps: float | None, nominal_fps: float) -> float:
+    """The throttled consumer's frame rate: ``rate`` × the rate the unthrottled reference session
+    was delivered at on this machine (DESIGN §7: a fraction of the production rate), so that the
+    consumer is the bottleneck however fast or slow the machine generates; ``rate`` × the nominal
+    rate when the reference was too short to measure."""
+    return rate * (reference_fps or nominal_fps)
 
 
 def _check_delivery(report: Report, sessions: list[dict], slow: list[dict]) -> None:
@@ -75,7 +83,7 @@ def _check_blocked(report: Report, slow: list[dict], expect_ring_block: bool) ->
                                                                       if s["blocked"].get(k)) for s in slow))
 
 
-def _check_rates(report: Report, sessions: list[dict], slow: list[dict], rate_fps: float) -> None:
+def _check_rates(report: Report, sessions: list[dict], slow: list[dict]) -> None:
     ref_p50 = F.p50(sessions[0]["intervals"])
     slow_p50 = F.p50([i for s in slow for i in s["intervals"]])
     rest_p50 = F.p50(sessions[-1]["intervals"])
@@ -84,21 +92,21 @@ def _check_rates(report: Report, sessions: list[dict], slow: list[dict], rate_fp
         return
     report.check("the consumer was the bottleneck", slow_p50 >= 1.2 * ref_p50,
                  f"throttled delivery interval P50 {slow_p50 / MS:.0f} ms vs unthrottled {ref_p50 / MS:.0f} ms "
-                 f"(consumer at {rate_fps:.1f} frames/s)" + ("" if slow_p50 >= 1.2 * ref_p50 else "; lower --rate"), rate=True)
+                 f"(consumer at {slow[0]['consumer_fps']:.1f} frames/s)" + ("" if slow_p50 >= 1.2 * ref_p50 else "; lower --rate"), rate=True)
     fast_enough = rest_p50 <= max(1.5 * ref_p50, ref_p50 + 150 * MS) and rest_p50 <= 0.85 * slow_p50
     report.check("full rate restored when the consumer catches up", fast_enough,
                  f"after the throttled sessions: P50 {rest_p50 / MS:.0f} ms (reference {ref_p50 / MS:.0f} ms, throttled {slow_p50 / MS:.0f} ms)",
                  rate=True)
 
 
-def _judge_slow(report: Report, sessions: list[dict], rate_fps: float, p: Params, expect_ring_block: bool) -> None:
+def _judge_slow(report: Report, sessions: list[dict], p: Params, expect_ring_block: bool) -> None:
     """``sessions``: role, seed, frame_sha256, decoded (hashes of the media the consumer got),
     intervals (delivery, ns), fps, blocked (ns by kind), occupancy, slots, peaks (RSS bytes by group)."""
     slow = [s for s in sessions if s["role"] == "slow"]
     _check_delivery(report, sessions, slow)
     _check_bounded(report, sessions, slow, p)
     _check_blocked(report, slow, expect_ring_block)
-    _check_rates(report, sessions, slow, rate_fps)
+    _check_rates(report, sessions, slow)
 
 
 def _slow_rows(report: Report, sessions: list[dict]) -> None:
@@ -112,11 +120,11 @@ def _slow_rows(report: Report, sessions: list[dict]) -> None:
                             " ".join(f"{g}:{v / 2**20:.0f}" for g, v in s["peaks"].items()) or "-"])
 
 
-def _conclude(report: Report, sessions: list[dict], rss: RssSampler, rate_fps: float, p: Params, expect_ring_block: bool) -> Report:
+def _conclude(report: Report, sessions: list[dict], rss: RssSampler, p: Params, expect_ring_block: bool) -> Report:
     for s in sessions:
         s["peaks"] = rss.peaks.get(s.pop("label"), {})
     _slow_rows(report, sessions)
-    _judge_slow(report, sessions, rate_fps, p, expect_ring_block)
+    _judge_slow(report, sessions, p, expect_ring_block)
     return report.done()
 
 
@@ -128,8 +136,9 @@ def slow_consumer_inprocess(bench: Bench, p: Params) -> Report:
     groups = lambda: {"driver": [os.getpid()], "encoder": [bench.encoder_pid()]}  # noqa: E731
     sessions = []
     with RssSampler(groups) as rss:
-        for role, seed, consumer in _slow_plan(p, vid.fps):
+        for role, seed, throttled in _slow_plan(p):
             label = f"{role}-{len(sessions)}"
+            consumer = consumer_fps(p.rate, sessions[0]["fps"], vid.fps) if throttled else None
             rss.mark(label)
             res = bench.run(seed, chunks, sink=f"throttled:{consumer:g}" if consumer else "file")
             ev = res.events
@@ -144,7 +153,7 @@ def slow_consumer_inprocess(bench: Bench, p: Params) -> Report:
         # decoded only now: decoding in this (the driver's) process would blur its RSS figures
         media = s.pop("media")
         s["decoded"] = F.decoded_hashes(media) if media.exists() else []
-    return _conclude(report, sessions, rss, p.rate * vid.fps, p, expect_ring_block=True)
+    return _conclude(report, sessions, rss, p, expect_ring_block=True)
 
 
 def _server_side(report: Report, sessions: list[dict], server: ServerProcess | None) -> None:
@@ -167,17 +176,20 @@ def slow_consumer_ws(url: str, p: Params, server: ServerProcess | None = None, p
     groups = (lambda: {"server": [server.pid], "encoder": [server.encoder_pid()]}) if server else (lambda: {})  # noqa: E731
     sessions = []
     with RssSampler(groups) as rss:
-        for role, seed, consumer in _slow_plan(p, 16):
+        for role, seed, throttled in _slow_plan(p):
             label = f"{role}-{len(sessions)}"
+            # the client's read rate is a multiple of the stream's nominal fps (the reference's header says it)
+            nominal = sessions[0]["nominal_fps"] if sessions else None
+            consumer = consumer_fps(p.rate, sessions[0]["fps"], nominal) if throttled else None
             rss.mark(label)
             rep = asyncio.run(run_session(url, preset=preset, seed=seed, chunks=p.chunks, prompt=prompt_for(seed),
-                                          opts=ViewerOptions(read_rate=p.rate if consumer else None, out_dir=files)))
+                                          opts=ViewerOptions(read_rate=consumer / nominal if consumer else None, out_dir=files)))
             if rep.outcome != "complete" or rep.ended is None:
                 report.check(f"session {len(sessions)} ({role}) completes", False, rep.error or rep.outcome)
                 return report.done()
-            fps, end = rep.started.fps, rep.ended
+            end = rep.ended
             sessions.append(dict(
-                session=rep.session, role=role, seed=seed, consumer_fps=p.rate * fps if consumer else None,
+                session=rep.session, role=role, seed=seed, consumer_fps=consumer, nominal_fps=rep.started.fps,
                 frame_sha256=rep.frame_sha256, decoded=F.decoded_hashes(rep.media_path),
                 expected_frames=F.frames_expected(rep.started.latent_frames_per_chunk, end.chunks),
                 intervals=F.intervals(rep.receipts_ns), fps=F.rate([h.frames for h in rep.headers], rep.receipts_ns),
@@ -189,4 +201,4 @@ def slow_consumer_ws(url: str, p: Params, server: ServerProcess | None = None, p
     report.check("chunks in flight to the client bounded by the window", not over,
                  "; ".join(over) or f"at most {max(s['max_unacked'] for s in sessions)} unacknowledged (window {sessions[0]['window']})")
     shutil.rmtree(files, ignore_errors=True)
-    return _conclude(report, sessions, rss, p.rate * fps, p, expect_ring_block=False)
+    return _conclude(report, sessions, rss, p, expect_ring_block=False)

@@ -13,7 +13,7 @@ from typing import Callable
 
 from harness.config import override
 from harness.drivers.driver import Driver, SessionControl
-from harness.drivers.procwatch import DeathWatch, shm_names, wait_gone
+from harness.drivers.procwatch import DeathWatch, FirstDeath, shm_names, wait_gone
 from harness.drivers.serve import ServeOptions, serve
 from harness.experiments.scenarios.report import Report
 from harness.measure.clock import now
@@ -155,7 +155,7 @@ class Served:
 
     error: BaseException | None
     returned_ns: int
-    first_death: tuple[int, int] | None
+    first_death: FirstDeath | None
     workers: list[int] = field(default_factory=list)
     left: list[int] = field(default_factory=list)
     shm_left: list[str] = field(default_factory=list)

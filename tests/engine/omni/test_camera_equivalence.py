@@ -11,7 +11,6 @@ torchvision, so these tests restate it from its reading; everything that compute
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 import torch.nn.functional as F
 
