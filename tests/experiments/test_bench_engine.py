@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from harness.config import load_preset
+from harness.experiments.bench_engine import steady_chunk_index
 
 from helpers import REPO
 
@@ -76,13 +77,16 @@ def test_bad_options_are_refused_in_one_line(bad, why):
 
 def test_candidate_and_dit_only_options(tmp_path):
     """--candidate applies its DiT patch (H2a: the JSON names it and the chunks still run);
-    --no-vae skips the VAE; a candidate the device cannot run is refused before anything starts."""
+    --no-vae skips the VAE; a non-eager mode first runs a whole unmeasured session (every K length
+    the measured one meets, the saturated window's included); a candidate the device cannot run is
+    refused before anything starts."""
     out = tmp_path / "b.json"
     proc = _run("--preset", "tiny", "--sp", "1", "--device", "cpu", "--chunks", "6", "--candidate", "H2a",
-                "--no-vae", "--kernels", "--json", str(out))
+                "--mode", "deterministic", "--no-vae", "--kernels", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     res = json.loads(out.read_text())
-    assert res["candidates"] == ["H2a"] and len(res["dit_chunk_ms"]) == 6
+    assert res["candidates"] == ["H2a"] and len(res["dit_chunk_ms"]) == 6 and res["mode"] == "deterministic"
+    assert len(res["warmup_chunk_ms"]) == 6 > steady_chunk_index(load_preset("tiny"))
     assert res["dit_kernels"] is None  # the profiler breakdown is for CUDA devices only
     assert res["vae_decode_ms"] is None and res["vae_steady_decode_ms"] is None and "VAE not run" in proc.stdout
     bad = _run("--preset", "tiny", "--device", "cpu", "--candidate", "H6a")
