@@ -164,14 +164,15 @@ def test_a_killed_actor_is_named_within_bounds_and_nothing_is_left(ray_cluster, 
             elif seen.get("death", 0) > seen.get("raised", float("inf")):
                 seen["death"] = seen["raised"]  # the watcher looked once more after the driver named it
 
-    t0 = time.monotonic()
     with pytest.raises(RankFailed, match=r"^vae rank 1 \(pid \d+ on [\d.]+\) died: ") as err:
         serve(cfg, ServeOptions(out=str(tmp_path), progress=False, probes=False, launcher="ray",
                                 launcher_options=dict(RAY), faults={"vae:1": "die-at-chunk:3"}, session_runner=runner))
     teardown_s = time.monotonic() - seen["raised"]
     # named within the launcher's own bound for naming a death (plus scheduling slack)
     assert "death" in seen and 0 <= seen["raised"] - seen["death"] < DEATH_REPORT_S + PEER_FIRST_WAIT_S + 2.0, seen
-    assert teardown_s < 30 and time.monotonic() - t0 < 180
+    # Teardown after the naming is bounded; the run before the fault (Ray start, 3 chunks) is not a
+    # claim of this test: its ranks run at Ray's worker niceness and a busy box can starve them.
+    assert teardown_s < 30
     man = json.loads((tmp_path / "manifest.json").read_text())
     assert man["status"] == "failed" and man["error"].startswith("RankFailed: vae rank 1 ") and "died" in str(err.value)
     events = read_events(tmp_path / "events.jsonl")
