@@ -77,6 +77,7 @@ class StallWatch:
         waited = time.monotonic() - self.since
         if self.current is None and waited >= self.bound_s:
             # previous_check_s < bound_s <= reported_after_s: reported at the first look past the bound
+            # (rounded down: rounding to nearest could lift a look just under the bound onto it)
             self.current = {"session": self.session, "epoch": self.epoch, "chunk": chunk, "stage": stage,
                             "reported_after_s": round(waited, 3), "previous_check_s": math.floor(self.checked * 1e3) / 1e3,
                             "bound_s": self.bound_s, "lasted_s": None}

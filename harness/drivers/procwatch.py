@@ -172,9 +172,9 @@ class DeathWatch(_Poller):
         if not mine:
             return None
         by = min(mine.values())
-        could = {p: self.alive_at.get(p, self.started_ns) for p in mine}
-        could = {p: t for p, t in could.items() if t < by}
-        return FirstDeath(frozenset(could), min(could.values()), by)
+        last_alive = {p: self.alive_at.get(p, self.started_ns) for p in mine}
+        could = [p for p, t in last_alive.items() if t < by]  # the first to be seen gone is always one
+        return FirstDeath(frozenset(could), min(last_alive[p] for p in could), by)
 
     def _run(self) -> None:
         next_scan = 0.0
@@ -182,7 +182,7 @@ class DeathWatch(_Poller):
             if time.monotonic() >= next_scan:
                 self.seen.update(workers_of(self.parent, self.recursive))
                 next_scan = time.monotonic() + self.rescan_s
-            for p in list(self.seen):
+            for p in self.seen:
                 if p in self.deaths:
                     continue
                 before = time.monotonic_ns()

@@ -30,7 +30,6 @@ from harness.measure.events import read_events
 from harness.measure.stages import HANDOFF as HANDOFF_STAGE
 from harness.measure.stages import INTERVALS
 
-#: stage → (start boundary, end boundary), in data-flow order (``measure.stages``).
 #: Case D's handoff: frames of chunk i−1 in host memory → DiT starts chunk i (same session).
 HANDOFF = HANDOFF_STAGE.name
 

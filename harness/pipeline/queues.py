@@ -127,7 +127,7 @@ class BoundedQueue(Generic[T]):
 
 
 # Shared counter slots of ProcessQueue.
-_PUTS, _GETS, _HIGH, _BLOCKED_NS, _BLOCKED_N, _GET_WAIT_NS, _WAITING = range(7)
+_PUTS, _GETS, _HIGH, _BLOCKED_NS, _BLOCKED_N, _GET_WAIT_NS, _WAITING = _SLOTS = range(7)
 _COUNTER = {"puts": _PUTS, "gets": _GETS, "blocked_ns": _BLOCKED_NS, "blocked_n": _BLOCKED_N,
             "get_wait_ns": _GET_WAIT_NS, "waiting": _WAITING}
 
@@ -150,7 +150,7 @@ class ProcessQueue(Generic[T]):
         self._reader, self._writer = ctx.Pipe(duplex=False)
         self._room = ctx.BoundedSemaphore(maxsize)
         self._rlock, self._wlock = ctx.Lock(), ctx.Lock()
-        self._counters = ctx.Array("q", len(_COUNTER) + 1)  # int64, with its own lock (+1: high water)
+        self._counters = ctx.Array("q", len(_SLOTS))  # int64, with its own lock
         self._closed = ctx.Event()
         self._init_codec()
 

@@ -12,6 +12,8 @@ import pytest
 
 from harness.pipeline.queues import BoundedQueue, ProcessQueue, QueueClosed
 
+from helpers.procs import wait_for
+
 CTX = mp.get_context("spawn")
 
 
@@ -20,16 +22,16 @@ class Msg(msgspec.Struct, frozen=True):
     tag: str
 
 
+def _blocked(q) -> tuple[int, int]:
+    """(puts that ended a wait, puts waiting now), from one read so the two agree."""
+    st = q.stats()
+    return st.put_blocked_count, st.put_waiting
+
+
 def _hold_until_waiting(q, ended: int) -> None:
     """Wait until ``ended`` blocked puts have finished waiting and the next one is blocked: the
-    hold that follows is then that put's blocked time (one read, so the two counts agree)."""
-    deadline = time.monotonic() + 30
-    while True:
-        st = q.stats()
-        if (st.put_blocked_count, st.put_waiting) == (ended, 1):
-            return
-        assert time.monotonic() < deadline, f"put {ended + 2} never blocked"
-        time.sleep(0.001)
+    hold that follows is then that put's blocked time."""
+    wait_for(lambda: _blocked(q) == (ended, 1), 30, f"put {ended + 2} to block")
 
 
 def test_thread_queue_blocks_accounts_and_keeps_order():

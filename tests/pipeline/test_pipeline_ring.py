@@ -20,6 +20,8 @@ from harness.pipeline.queues import ProcessQueue
 from harness.pipeline.ring import (FrameRing, RingClosed, RingSpec, SlotRef, StaleSlot,
                                    leftover_segments)
 
+from helpers.procs import wait_for
+
 CTX = mp.get_context("spawn")
 SHAPES = [(9, 32, 48, 3), (12, 32, 48, 3), (12, 32, 48, 3), (5, 32, 48, 3)] * 3
 
@@ -51,10 +53,8 @@ def test_two_process_transfer_exact_and_bounded(request):
         blocked = ProcessQueue(1, "blocked", ctx=CTX)
         p = CTX.Process(target=_producer, args=(msgspec.msgpack.encode(ring.spec), q, blocked))
         p.start()
-        deadline = time.monotonic() + 30
-        while ring.stats().in_use < slots:  # nothing is released before every slot is taken, so
-            assert time.monotonic() < deadline  # the producer's next acquire has to wait
-            time.sleep(0.001)
+        # nothing is released before every slot is taken, so the producer's next acquire has to wait
+        wait_for(lambda: ring.stats().in_use == slots, 30, "every slot in use")
         max_in_use = 0
         for i, shape in enumerate(SHAPES):
             ref = q.get(timeout=30)

@@ -21,6 +21,7 @@ from harness.measure.clock import now
 from harness.measure.events import EventFormatError, read_events, validate_events
 from harness.serving.client import ViewerOptions, run_session
 
+
 def _rank_name(key: str) -> str:
     role, _, rank = key.partition(":")
     return f"{role} rank {rank}"

@@ -179,11 +179,11 @@ def slow_consumer_ws(url: str, p: Params, server: ServerProcess | None = None, p
         for role, seed, throttled in _slow_plan(p):
             label = f"{role}-{len(sessions)}"
             # the client's read rate is a multiple of the stream's nominal fps (the reference's header says it)
-            nominal = sessions[0]["nominal_fps"] if sessions else None
-            consumer = consumer_fps(p.rate, sessions[0]["fps"], nominal) if throttled else None
+            ref = sessions[0] if throttled else None
+            consumer = consumer_fps(p.rate, ref["fps"], ref["nominal_fps"]) if ref else None
             rss.mark(label)
             rep = asyncio.run(run_session(url, preset=preset, seed=seed, chunks=p.chunks, prompt=prompt_for(seed),
-                                          opts=ViewerOptions(read_rate=consumer / nominal if consumer else None, out_dir=files)))
+                                          opts=ViewerOptions(read_rate=consumer / ref["nominal_fps"] if ref else None, out_dir=files)))
             if rep.outcome != "complete" or rep.ended is None:
                 report.check(f"session {len(sessions)} ({role}) completes", False, rep.error or rep.outcome)
                 return report.done()
