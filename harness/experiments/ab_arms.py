@@ -24,7 +24,6 @@ out of the times and the gate.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -43,6 +42,7 @@ from harness.experiments.bench_engine import (
     steady_chunk_index,
     timed_session,
     warmup_chunks,
+    write_result,
 )
 from harness.experiments.compare import gate_kind
 from harness.experiments.engine_ab import EngineArm, engine_switches, judge_gated, latent_bytes, session_actions
@@ -206,10 +206,11 @@ def main(args) -> int:
         raise HarnessError("--device cuda but no CUDA device is visible")
     check_backend(cfg.runtime.attention, cfg.runtime.device)  # the baseline's, e.g. one set with --set
     out = run(cfg, arms, args.rounds, args.chunks or cfg.video.chunks_per_session, args.kernels, args.launches)
+    if args.json:  # the judged arms are on disk before the rates' FLOP count and peak can fail
+        write_result(args.json, {**out, "complete": False})
     add_rates(out, cfg, torch.device("cuda:0" if cfg.runtime.device == "cuda" else "cpu"))
     _print(out)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+        write_result(args.json, {**out, "complete": True})
     sys.stdout.flush()
     return 0 if all(a["gate"]["passed"] for a in out["arms"].values()) else 1

@@ -22,6 +22,7 @@ from harness import candidates as C
 from harness.config import HarnessConfig, override
 from harness.drivers.options import base_config
 from harness.drivers.procwatch import rss_bytes
+from harness.engine import fa3
 from harness.engine.attention import check_backend
 from harness.engine.conditions import SessionConditions
 from harness.engine.dit_engine import DitEngine
@@ -49,13 +50,21 @@ def warmup_chunks(chunks: int) -> int:
 
 
 # ---- FLOPs on the meta device ------------------------------------------------------------
+def meta_attention(name: str) -> str:
+    """The attention backend the meta-device FLOP count runs: the configured one, unless only a
+    GPU can run it (FA3's kernels refuse the meta device)."""
+    return "sdpa" if name in fa3.DENSE else name
+
+
 def count_steady_flops(cfg: HarnessConfig) -> dict[str, int]:
     """FLOPs of one steady, KV-saturated chunk (5 DiT forwards + its VAE decode), whole model.
 
     SP only redistributes the same GEMMs and attention over ranks, so the SP=1 count is the sum
     over ranks; the VAE's halo columns add a few percent at M>1 that this count leaves out.
+    The count is nominal (DESIGN §8: 4·Sq·Skv·H·D whatever kernel runs it), so a backend that
+    cannot run on the meta device (FlashAttention-3) is counted through SDPA's path instead.
     """
-    cfg1 = override(cfg, parallel={"sp": 1, "vae_ranks": 1})
+    cfg1 = override(cfg, parallel={"sp": 1, "vae_ranks": 1}, runtime={"attention": meta_attention(cfg.runtime.attention)})
     meta = torch.device("meta")
     steady = steady_chunk_index(cfg1)
     dit = DitEngine(cfg1, group=RankGroup.single(), device=meta, seed=0)
@@ -226,49 +235,71 @@ def memory_growth(samples: list[dict]) -> dict:
 
 
 def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float | None = None,
-              sessions: int = 1, candidates: tuple[str, ...] = (), kernels: bool = False, vae: bool = True) -> dict:
-    """``cfg`` already carries the candidates' configuration part (``candidates.configure``)."""
+              sessions: int = 1, candidates: tuple[str, ...] = (), kernels: bool = False, vae: bool = True,
+              save=None) -> dict:
+    """``cfg`` already carries the candidates' configuration part (``candidates.configure``).
+
+    The steps run in order — DiT ranks, VAE ranks, the FLOP count, the peaks — and ``save(res)``
+    gets the result after each, marked ``complete: false`` with the steps done so far, so a step
+    that fails (an FA3 backend on the meta device did) never takes the figures measured before it."""
+    save = save or (lambda res: None)
     steady = steady_chunk_index(cfg)
     chunks = chunks or cfg.video.chunks_per_session
     backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
+    res: dict = {
+        "complete": False, "steps_done": [],
+        "preset": cfg.name, "device": cfg.runtime.device, "sp": cfg.parallel.sp, "vae_ranks": cfg.parallel.vae_ranks,
+        "mode": cfg.runtime.mode, "layers": cfg.model.num_layers, "sessions": sessions, "dtype": cfg.runtime.dtype,
+        "kv_path": cfg.runtime.kv_path, "candidates": list(candidates),
+    }
+
+    def done(step: str, **figures) -> None:
+        res.update(figures)
+        res["steps_done"].append(step)
+        save(res)
+
     dit = run_ranks(_dit_rank, cfg.parallel.sp, cfg, chunks, sessions, tuple(candidates), kernels,
                     backend=backend, timeout_s=3600)[0]
-    vae = (run_ranks(_vae_rank, cfg.parallel.vae_ranks, cfg, min(chunks, 4), backend=backend, timeout_s=3600)[0]
-           if vae else None)
-    flops = count_steady_flops(cfg)
     steady_ms = dit["chunk_ms"][steady:] if len(dit["chunk_ms"]) > steady else dit["chunk_ms"][-1:]
     dit_ms = statistics.median(steady_ms)
-    vae_ms = statistics.median(vae["decode_ms"][1:] or vae["decode_ms"]) if vae else None
-    res = {
-        "preset": cfg.name, "device": cfg.runtime.device, "sp": cfg.parallel.sp, "vae_ranks": cfg.parallel.vae_ranks,
-        "mode": cfg.runtime.mode, "layers": cfg.model.num_layers, "compile": dit["compile"],
-        "warmup_chunk_ms": dit.get("warmup_chunk_ms"), "warmup_s": dit.get("warmup_s"),
-        "steady_flatness_9_vs_6": flatness(dit["chunk_ms"]),
-        "sessions": sessions, "memory_after_session": dit["memory_after_session"],
-        "memory_growth_mib": memory_growth(dit["memory_after_session"]),
-        "dtype": cfg.runtime.dtype, "attention": dit["attention"], "kv_path": cfg.runtime.kv_path,
-        "dit_chunk_ms": dit["chunk_ms"], "dit_kv_tokens": dit["kv_tokens"], "dit_steady_chunk_ms": dit_ms,
-        "dit_forward_ms": dit_ms / (len(cfg.schedule.timesteps) + 1),
-        "vae_decode_ms": vae["decode_ms"] if vae else None, "vae_steady_decode_ms": vae_ms, "flops": flops,
-        "dit_tflops_per_s": flops["dit_flops"] / (dit_ms / 1e3) / 1e12,
-        "vae_tflops_per_s": flops["vae_conv_flops"] / (vae_ms / 1e3) / 1e12 if vae else None,
-        "peak_mem_gib": {"dit": dit.get("peak_mem_gib"), "vae": vae.get("peak_mem_gib") if vae else None},
-        "candidates": list(candidates), "dit_kernels": dit.get("kernels"),
-    }
+    done("dit", compile=dit["compile"], warmup_chunk_ms=dit.get("warmup_chunk_ms"), warmup_s=dit.get("warmup_s"),
+         steady_flatness_9_vs_6=flatness(dit["chunk_ms"]), memory_after_session=dit["memory_after_session"],
+         memory_growth_mib=memory_growth(dit["memory_after_session"]), attention=dit["attention"],
+         dit_chunk_ms=dit["chunk_ms"], dit_kv_tokens=dit["kv_tokens"], dit_steady_chunk_ms=dit_ms,
+         dit_forward_ms=dit_ms / (len(cfg.schedule.timesteps) + 1), dit_kernels=dit.get("kernels"),
+         peak_mem_gib={"dit": dit.get("peak_mem_gib"), "vae": None})
+    vres = (run_ranks(_vae_rank, cfg.parallel.vae_ranks, cfg, min(chunks, 4), backend=backend, timeout_s=3600)[0]
+            if vae else None)
+    vae_ms = statistics.median(vres["decode_ms"][1:] or vres["decode_ms"]) if vres else None
+    done("vae", vae_decode_ms=vres["decode_ms"] if vres else None, vae_steady_decode_ms=vae_ms,
+         peak_mem_gib={"dit": dit.get("peak_mem_gib"), "vae": vres.get("peak_mem_gib") if vres else None})
+    flops = count_steady_flops(cfg)
+    done("flops", flops=flops, dit_tflops_per_s=flops["dit_flops"] / (dit_ms / 1e3) / 1e12,
+         vae_tflops_per_s=flops["vae_conv_flops"] / (vae_ms / 1e3) / 1e12 if vres else None)
     if cfg.runtime.device == "cuda":
         dev = torch.device("cuda:0")
         bf16 = peak_tflops or measure_peak_tflops(dev, torch.bfloat16)
         torch.backends.cuda.matmul.allow_tf32 = True
         tf32 = measure_peak_tflops(dev, torch.float32)
-        res["peak_bf16_tflops"], res["peak_tf32_tflops"] = bf16, tf32
         # per-GPU MFU: the DiT's FLOPs are spread over sp GPUs, the VAE's over vae_ranks GPUs
-        res["dit_mfu"] = res["dit_tflops_per_s"] / (bf16 * cfg.parallel.sp)
-        if vae:
-            res["vae_mfu"] = res["vae_tflops_per_s"] / (tf32 * cfg.parallel.vae_ranks)
+        peaks = {"peak_bf16_tflops": bf16, "peak_tf32_tflops": tf32, "dit_mfu": res["dit_tflops_per_s"] / (bf16 * cfg.parallel.sp)}
+        if vres:
+            peaks["vae_mfu"] = res["vae_tflops_per_s"] / (tf32 * cfg.parallel.vae_ranks)
     elif peak_tflops:
-        res["peak_tflops"] = peak_tflops
-        res["dit_mfu"] = res["dit_tflops_per_s"] / (peak_tflops * cfg.parallel.sp)
+        peaks = {"peak_tflops": peak_tflops, "dit_mfu": res["dit_tflops_per_s"] / (peak_tflops * cfg.parallel.sp)}
+    else:
+        peaks = {}
+    res["complete"] = True
+    done("peaks", **peaks)
     return res
+
+
+def write_result(path: str, res: dict) -> None:
+    """The result as it stands, replacing the previous one whole (never a half-written file)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(res, f, indent=2)
+    os.replace(tmp, path)
 
 
 def _print(res: dict) -> None:
@@ -325,10 +356,8 @@ def main(args) -> int:
     if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
         raise HarnessError("--device cuda but no CUDA device is visible (use --device cpu or --flops-only)")
     check_backend(cfg.runtime.attention, cfg.runtime.device)  # also one set with --set, not by a candidate
-    res = run_bench(cfg, args.chunks, args.peak_tflops, args.sessions, specs, args.kernels, vae=not args.no_vae)
+    save = (lambda res: write_result(args.json, res)) if args.json else None
+    res = run_bench(cfg, args.chunks, args.peak_tflops, args.sessions, specs, args.kernels, vae=not args.no_vae, save=save)
     _print(res)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=2)
     sys.stdout.flush()
     return 0

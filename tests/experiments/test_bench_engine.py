@@ -49,6 +49,7 @@ def test_bench_engine_tiny_on_two_sp_and_two_vae_ranks(tmp_path):
     assert proc.returncode == 0, proc.stderr
     res = json.loads(out.read_text())
     assert res["sp"] == 2 and res["vae_ranks"] == 2 and res["mode"] == "eager"
+    assert res["complete"] is True and res["steps_done"] == ["dit", "vae", "flops", "peaks"]
     cfg = load_preset("tiny")
     n = cfg.video.chunks_per_session  # a whole session by default: chunk 9 vs chunk 6 is reported
     assert len(res["dit_chunk_ms"]) == n and all(t > 0 for t in res["dit_chunk_ms"])
@@ -91,3 +92,32 @@ def test_candidate_and_dit_only_options(tmp_path):
     assert res["vae_decode_ms"] is None and res["vae_steady_decode_ms"] is None and "VAE not run" in proc.stdout
     bad = _run("--preset", "tiny", "--device", "cpu", "--candidate", "H6a")
     assert bad.returncode != 0 and "needs cuda" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_flop_count_of_an_fa3_configuration_is_the_nominal_one():
+    """FA3 cannot run on the meta device; its nominal FLOPs are SDPA's (the same 4·Sq·Skv·H·D),
+    so a FA3 arm gets a count instead of ``FlashAttention-3 runs on CUDA (Hopper) only, not on meta``."""
+    from harness.config import override
+    from harness.experiments.bench_engine import count_steady_flops
+
+    cfg = load_preset("tiny")
+    assert count_steady_flops(override(cfg, runtime={"attention": "fa3"})) == count_steady_flops(cfg)
+
+
+def test_a_failing_later_step_keeps_what_was_measured(tmp_path, monkeypatch):
+    """The JSON is rewritten whole after each step: when the FLOP count fails, the DiT and VAE
+    figures measured before it are in the file, marked incomplete with the steps done."""
+    from harness import cli
+    from harness.experiments import bench_engine
+
+    def fail(cfg):
+        raise RuntimeError("flop count failed")
+
+    monkeypatch.setattr(bench_engine, "count_steady_flops", fail)
+    out = tmp_path / "b.json"
+    with pytest.raises(RuntimeError, match="flop count failed"):
+        cli.main(["bench-engine", "--preset", "tiny", "--chunks", "2", "--json", str(out)])
+    res = json.loads(out.read_text())
+    assert res["complete"] is False and res["steps_done"] == ["dit", "vae"]
+    assert len(res["dit_chunk_ms"]) == 2 and len(res["vae_decode_ms"]) == 2 and "flops" not in res
+    assert not (tmp_path / "b.json.tmp").exists()
