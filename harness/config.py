@@ -129,6 +129,8 @@ class RuntimeConfig(_Section):
     seed: int = 0
     attention: str = "sdpa"
     kv_path: Literal["gather", "paged"] = "gather"
+    #: where a session's KV blocks lie in the pool: "window" keeps them contiguous, so "gather" reads in place (H1c)
+    kv_layout: Literal["paged", "window"] = "paged"
     ring_slots: int = 4
     queue_depth: int = 2
     encoder: str = "pyav"

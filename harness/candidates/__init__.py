@@ -24,6 +24,7 @@ Gate = Literal["exact", "threshold", "serving"]
 MODULES: dict[str, str] = {
     "H1a": "h1a_kv_gather_off",
     "H1b": "h1b_sdpa_backend",
+    "H1c": "h1c_kv_window",
     "H2a": "h2a_camera_chunk_cache",
     "H3a": "h3a_vae_compile",
     "H4a": "h4a_fused_output",

@@ -6,7 +6,8 @@
   external flash-attn under a new name.
 * KV paths (``KV_PATHS``): self-attention of the chunk's queries over a session's paged cache.
   "gather" copies the visible blocks (through the block table) into one contiguous K/V and runs a
-  dense kernel; "paged" walks the block table in groups of blocks and merges the partial results
+  dense kernel — or, when the session's blocks are in the window layout (``kvcache``), hands the
+  kernel a view of the pool and copies nothing; "paged" walks the block table in groups of blocks and merges the partial results
   with their log-sum-exp, so no more than one group of K/V is ever materialised (a Triton kernel
   that reads the pool in place can replace it under the same name).
 * FlashAttention-3 (``engine.fa3``, when the ``fa3-fwd`` wheel and a Hopper GPU are there): dense
@@ -70,11 +71,28 @@ def _shd(x: Tensor) -> Tensor:
 
 
 # ---- self-attention over the paged cache ---------------------------------------------------------
-def gather_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_ids: Tensor, *, attend: DenseFn,
+def _blocks(pool: Tensor, ids: Tensor | slice) -> Tensor:
+    """The pool's rows ``ids`` as one (tokens, H, D) tensor: a view for a slice (the window
+    layout keeps a session's visible blocks contiguous), a gathered copy for a block table."""
+    rows = pool[ids] if isinstance(ids, slice) else pool.index_select(0, ids)
+    return rows.flatten(0, 1)
+
+
+def _sub(ids: Tensor | slice, start: int, n: int) -> Tensor | slice:
+    if isinstance(ids, slice):
+        return slice(ids.start + start, min(ids.start + start + n, ids.stop))
+    return ids[start : start + n]
+
+
+def _count(ids: Tensor | slice) -> int:
+    return ids.stop - ids.start if isinstance(ids, slice) else ids.shape[0]
+
+
+def gather_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_ids: Tensor | slice, *, attend: DenseFn,
                      group_blocks: int) -> Tensor:
-    """q (Sq, H, D); pools (num_blocks, block_size, H, D); block_ids (n,) → (Sq, H, D)."""
-    k = k_pool.index_select(0, block_ids).flatten(0, 1)
-    v = v_pool.index_select(0, block_ids).flatten(0, 1)
+    """q (Sq, H, D); pools (num_blocks, block_size, H, D); block_ids (n,) or a slice of the pool
+    → (Sq, H, D). With a slice nothing is copied: the kernel reads the pool in place."""
+    k, v = _blocks(k_pool, block_ids), _blocks(v_pool, block_ids)
     return _shd(attend(_bhsd(q), _bhsd(k), _bhsd(v)))
 
 
@@ -135,11 +153,9 @@ def paged_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, block_ids: Tensor
     """Same contract as ``gather_attention``; the dense backend is not used (partials need the LSE)."""
     qb = _bhsd(q)
     out = lse = None
-    n = block_ids.shape[0]
-    for g in range(0, n, group_blocks):
-        ids = block_ids[g : g + group_blocks]
-        k = k_pool.index_select(0, ids).flatten(0, 1)
-        v = v_pool.index_select(0, ids).flatten(0, 1)
+    for g in range(0, _count(block_ids), group_blocks):
+        ids = _sub(block_ids, g, group_blocks)
+        k, v = _blocks(k_pool, ids), _blocks(v_pool, ids)
         o_g, lse_g = _partial(qb, _bhsd(k), _bhsd(v))
         o_g, lse_g = o_g.float(), lse_g.float()
         if out is None:

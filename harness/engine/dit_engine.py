@@ -103,6 +103,8 @@ class DitEngine:
                 init_weights(self.model, seed)
         self.kv_path = cfg.runtime.kv_path
         self.attention = cfg.runtime.attention
+        #: where a new session's KV blocks go (kvcache.LAYOUTS); read when a session opens
+        self.kv_layout = cfg.runtime.kv_layout
 
         self.cache = PagedKVCache.from_config(cfg, sp=group.size, dtype=self.dtype, device=self.device)
         self.layout = TokenLayout(self.frames, cfg.tokens_per_frame, *token_range(cfg.tokens_per_chunk, group))
@@ -151,7 +153,8 @@ class DitEngine:
         self.model.attention = name
 
     def attention_description(self) -> str:
-        return f"{self.kv_path}+{self.attention}"
+        layout = "" if self.kv_layout == "paged" else f"{self.kv_layout}:"
+        return f"{layout}{self.kv_path}+{self.attention}"
 
     # ---- compiled mode ---------------------------------------------------------------------------
     def compile(self, compile_mode: str | None = None, extra: dict | None = None) -> None:
@@ -214,7 +217,7 @@ class DitEngine:
         m = self.cfg.model
         image = check_image_latent(conditions.image_latent, *self.latent_hw)
         text = session_text_embedding(conditions, m.text_len, m.text_dim).to(self.device, self.dtype)
-        kv = self.cache.open()
+        kv = self.cache.open(self.kv_layout)
         s = DitSession(sid=next(self._sessions), seed=int(conditions.seed), kv=kv,
                        text_kv=self.model.text_kv(text),
                        image_latent=None if image is None else image.to(self.device, torch.float32))

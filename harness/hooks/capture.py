@@ -240,7 +240,10 @@ class CaptureRecorder(TorchFunctionMode):
         return capture_kv
 
     # ---- the ops -------------------------------------------------------------------------------------
-    def _on_self(self, path: str, q: Tensor, k_pool: Tensor, v_pool: Tensor, block_ids: Tensor, attend, group_blocks: int) -> None:
+    def _on_self(self, path: str, q: Tensor, k_pool: Tensor, v_pool: Tensor, block_ids: Tensor | slice, attend,
+                 group_blocks: int) -> None:
+        if isinstance(block_ids, slice):  # the window layout's contiguous blocks, saved as the table they equal
+            block_ids = torch.arange(block_ids.start, block_ids.stop, device=k_pool.device)
         n, bs, h, d = int(block_ids.shape[0]), int(k_pool.shape[1]), int(k_pool.shape[2]), int(k_pool.shape[3])
         skv = n * bs
         sig = ["self_attention", list(q.shape), [skv, h, d], [skv, int(v_pool.shape[2]), int(v_pool.shape[3])],

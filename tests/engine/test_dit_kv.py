@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from harness.config import load_preset, override
-from harness.engine.attention import DENSE, gather_attention, paged_attention
+from harness.engine.attention import DENSE, _blocks, gather_attention, paged_attention
 from harness.engine.conditions import SessionConditions
 from harness.engine.dit_engine import DitEngine
 from harness.engine.groups import RankGroup
@@ -129,3 +129,70 @@ def test_switches_refuse_unknown_names(engine):
     engine.attention = "math"
     assert engine.attention_description() == "gather+math"
     engine.attention = "sdpa"
+
+
+def _visible(cache: PagedKVCache, s, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = cache.visible(s)
+    return _blocks(cache.k[layer], ids), _blocks(cache.v[layer], ids)
+
+
+def test_window_layout_holds_what_the_paged_layout_gathers(cfg):
+    """The same K/V written chunk by chunk — through saturation (chunk 5), eviction (from chunk 6)
+    and two chunks dropped before their commit (a cancel mid-chunk) — reads back identically, bit
+    for bit and in the same token order, as a view of the window layout's slot and as the paged
+    layout's gather; the window layout's view is a view (no copy) of the pool."""
+    caches = {lay: PagedKVCache.from_config(override(cfg, cache={"max_sessions": 2}), sp=1, dtype=torch.float32,
+                                            device=torch.device("cpu")) for lay in ("paged", "window")}
+    sessions = {lay: c.open(lay) for lay, c in caches.items()}
+    other = caches["paged"].open("paged")  # a second session in the paged pool: its free heap interleaves
+    caches["paged"].begin_chunk(other, 3)
+    g = torch.Generator().manual_seed(0)
+    fpc, tokens = cfg.video.frames_per_chunk, cfg.tokens_per_chunk
+    shape = (tokens, cfg.model.num_heads, cfg.model.head_dim)
+    dropped = {4, 8}
+    for chunk in range(14):
+        data = [(torch.randn(shape, generator=g), torch.randn(shape, generator=g)) for _ in range(cfg.model.num_layers)]
+        for lay, cache in caches.items():
+            cache.begin_chunk(sessions[lay], fpc)
+            for layer, (k, v) in enumerate(data):
+                cache.write(layer, sessions[lay], k, v)
+        for layer in range(cfg.model.num_layers):
+            kp, vp = _visible(caches["paged"], sessions["paged"], layer)
+            kw, vw = _visible(caches["window"], sessions["window"], layer)
+            assert torch.equal(kp, kw) and torch.equal(vp, vw), f"chunk {chunk} layer {layer}"
+            assert kw.data_ptr() == caches["window"].k[layer].data_ptr()  # the slot's front, a view: no copy
+        assert sorted(sessions["window"].frames) == sorted(sessions["paged"].frames)
+        if chunk not in dropped:
+            for lay, cache in caches.items():
+                cache.commit(sessions[lay])
+    w = caches["window"]
+    assert w.blocks_used == w.slot_blocks  # the slot is the session's whole
+    w.free_session(sessions["window"])
+    assert w.blocks_used == 0
+    assert w.open("window").slot == 0  # and whole again
+
+
+def test_window_layout_needs_a_whole_slot(cfg):
+    cache = PagedKVCache.from_config(override(cfg, cache={"max_sessions": 2}), sp=1, dtype=torch.float32,
+                                     device=torch.device("cpu"))
+    a = cache.open("paged")
+    cache.begin_chunk(a, 3)  # the paged session's blocks come from the front of the pool
+    assert cache.open("window").slot == cache.slot_blocks  # slot 0 is partly used: slot 1
+    with pytest.raises(HarnessError, match="unknown KV layout"):
+        cache.open("nope")
+
+
+def test_window_layout_engine_is_bit_identical(cfg):
+    """The engine with the window layout (H1c) generates exactly the bytes of the paged layout's
+    gather, past eviction, in one engine switching layouts between sessions (as ab-engine does)."""
+    eng = DitEngine(cfg, group=RankGroup.single(), device=torch.device("cpu"), seed=1)
+    outs = {}
+    for layout in ("paged", "window", "paged"):
+        eng.kv_layout = layout
+        s = eng.start_session(SessionConditions(prompt="window", seed=2))
+        outs.setdefault(layout, []).append([eng.generate_chunk(s, ["D", "L", ""]).numpy().tobytes() for _ in range(8)])
+        eng.end_session(s)
+    assert outs["paged"][0] == outs["paged"][1] == outs["window"][0]
+    assert eng.attention_description() == "gather+sdpa"
+    eng.kv_layout = "window"
+    assert eng.attention_description() == "window:gather+sdpa"

@@ -1,4 +1,5 @@
-"""Ulysses SP=2/4 reproduces SP=1 past window saturation and eviction; two launches are bit-identical."""
+"""Ulysses SP=2/4 reproduces SP=1 past window saturation and eviction; two launches are bit-identical;
+the window KV layout (H1c) is bit-identical to the paged layout's gather on 1, 2 and 4 ranks."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ def _run(group: RankGroup, cfg, kv_paths: tuple[str, ...], chunks: int) -> dict:
     v = cfg.video
     image = torch.randn(16, 1, v.latent_h, v.latent_w, generator=torch.Generator().manual_seed(5))
     out = {}
-    for path in kv_paths:
-        eng.kv_path = path
+    for path in kv_paths:  # "LAYOUT:PATH" or a KV path alone (the paged layout)
+        layout, _, kv_path = path.rpartition(":")
+        eng.kv_layout, eng.kv_path = layout or "paged", kv_path
         s = eng.start_session(SessionConditions(prompt="sp test", seed=11, image_latent=image))
         # numpy, not tensors: run_ranks' pickler shares tensor memory by fd, which races the exit
         out[path] = [eng.generate_chunk(s, _actions(c)).numpy().copy() for c in range(chunks)]
@@ -39,16 +41,19 @@ def _run(group: RankGroup, cfg, kv_paths: tuple[str, ...], chunks: int) -> dict:
 @pytest.fixture(scope="module")
 def reference():
     # a launch of its own: one thread, like the SP ranks, and the first of the two launches below
-    return run_ranks(_run, 1, load_preset("tiny"), ("gather",), CHUNKS)[0]
+    return run_ranks(_run, 1, load_preset("tiny"), ("gather", "window:gather"), CHUNKS)[0]
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-@pytest.mark.parametrize("sp,paths", [(2, ("gather", "paged")), (4, ("gather",))])
+@pytest.mark.parametrize("sp,paths", [(2, ("gather", "paged", "window:gather")), (4, ("gather", "window:gather"))])
 def test_sp_equals_sp1(reference, sp, paths):
     results = run_ranks(_run, sp, load_preset("tiny"), paths, CHUNKS)
+    if "window:gather" in paths:  # the same kernel over the same values in the same order: the same bytes
+        for r in results:
+            assert all(a.tobytes() == b.tobytes() for a, b in zip(r["window:gather"], r["gather"]))
     for path in paths:
         for rank, r in enumerate(results):
             assert r[path + "_kv_tokens"] == reference["gather_kv_tokens"]
@@ -59,6 +64,11 @@ def test_sp_equals_sp1(reference, sp, paths):
             err = _rel(results[0][path][c], reference["gather"][c])
             assert err <= 1e-4, f"SP={sp} {path}: chunk {c} relative error {err:.2e}"
     assert all(r["blocks_used"] == 0 for r in results)
+
+
+def test_window_layout_is_bit_identical_on_one_rank(reference):
+    for c, (x, y) in enumerate(zip(reference["window:gather"], reference["gather"])):
+        assert x.tobytes() == y.tobytes(), f"chunk {c}"
 
 
 def test_two_launches_bit_identical(reference):
