@@ -192,7 +192,10 @@ def test_until_resolved_stops_at_the_first_decisive_look(monkeypatch, tmp_path):
                         log=logs.append)
     # the budget is said before the first launch, its time after the first round, the MDE at the first look
     assert logs[0].startswith("until resolved: at most 6 rounds (12 launches); looks after rounds 2–6")
-    assert logs[1].startswith("the first round took") and "6 rounds take about" in logs[1]
+    # the rounds a 5 % shift needs, from the stated prior, against the budget, before any launch
+    assert logs[1].startswith("a 5 % shift needs ") and "(the prior, before any launch is measured)" in logs[1]
+    assert logs[1].endswith("beyond the budget of 6 rounds")
+    assert logs[2].startswith("the first round took") and "6 rounds take about" in logs[2]
     assert [x.split(":")[0] for x in logs if x.startswith("look after")] == [f"look after {n} rounds" for n in (2, 3, 4)]
     assert sum("minimum detectable effect" in x and "with all 6 rounds" in x for x in logs) == 1
     assert launched == [0, 1, 2, 3]  # looks after rounds 2, 3, 4: decisive at the third
