@@ -13,6 +13,7 @@ import pytest
 from harness.cli import main
 from harness.drivers.procwatch import wait_gone
 from harness.experiments import compare as C
+from harness.measure import stats as S
 
 from helpers.procs import run_segments
 
@@ -161,6 +162,9 @@ def test_plan_levels_and_the_budget_mde():
     row = C.compare_metric("m", "cpu_ready", [[[100, 101]], [[99, 100]]], [[[90, 91]], [[92, 90]]], True, seq.level(2))
     before = seq.mde_for_budget(row, 2)
     assert 0 < before < row.mde  # five rounds resolve less than two do
+    # the budget's MDE is that of its last look (5 launches per arm at that look's level), not the current look's
+    assert before == S.min_detectable(*row.ab.sd_log, 5, 5, seq.level(5))
+    assert before < S.min_detectable(*row.ab.sd_log, 5, 5, seq.level(3))
 
 
 def test_until_resolved_stops_at_the_first_decisive_look(monkeypatch, tmp_path):
