@@ -25,8 +25,12 @@ Judgement, in this order:
 With ``--until-resolved`` rounds continue until the verdict at cpu_ready is faster, slower or
 equivalent, or ``--max-rounds`` is reached; each look (after round 2, 3, …) takes its interval at
 the level an alpha-spending plan gives it (``stats.spending_levels``), so the chance of a false
-faster/slower over all looks stays ≤ 5 %. The minimum detectable effect (80 % power) is printed
-after the first look, for the whole budget, and at the end, for the rounds run.
+faster/slower over all looks is about 5 %. An interval too wide to state (the early looks of a long
+plan) is a "no verdict" the loop looks past. The rounds a 5 % shift needs at 80 % power are printed
+before the first launch (from ``stats.PRIOR_LAUNCH_SD``) and at the first look (from the launches
+measured); the minimum detectable effect (80 % power) at the first look, for the whole budget, and
+at the end, for the rounds run. ``--reanalyze`` replays a sequential plan through the same ``look``.
+Tables (``compare_report``) print the geometric means of the units beside their ratio.
 
 Outputs: ``OUT/compare.json`` (``CompareResult``) and ``OUT/compare.md``.
 """
