@@ -12,6 +12,8 @@ import pytest
 
 from harness.cli import main
 from harness.experiments import compare as C
+from harness.experiments.replay.h1b import _h1b_row
+from harness.experiments.verdicts import load, table
 from harness.measure import stats as S
 
 from helpers.compare_dirs import write_rounds
@@ -54,7 +56,16 @@ def test_the_first_look_of_the_default_budget_is_no_verdict_not_a_crash(two_roun
     assert out.count("gate (exact): pass") == 1
 
 
-def test_reanalysis_takes_the_recorded_plan(two_rounds):
+@pytest.fixture(scope="module")
+def recorded(two_rounds):
+    """The two rounds judged once with --until-resolved: compare.json records the 24-round plan."""
+    if not (two_rounds / "compare.json").is_file():
+        assert main(["compare", "--reanalyze", "--until-resolved", "--out", str(two_rounds)]) == 0
+    return two_rounds
+
+
+def test_reanalysis_takes_the_recorded_plan(recorded):
+    two_rounds = recorded
     first = json.loads((two_rounds / "compare.json").read_text())
     again = C.reanalyze(two_rounds)  # no --until-resolved: the plan compare.json records
     assert again.sequential["max_rounds"] == S.DEFAULT_MAX_ROUNDS
@@ -85,3 +96,12 @@ def test_columns_are_the_sample_the_ratio_reads(tmp_path, capsys):
     line = next(x for x in out.splitlines() if "steady interval P50 @ cpu_ready" in x)
     assert "1049 → 1342 ms" in line and "no verdict: interval wider than" in line
     assert not re.search(r"\d+\.\d{4}", line)  # nothing printed to four decimals it cannot support
+
+
+def test_a_result_without_interval_ends_reads_as_its_verdict_elsewhere(recorded):
+    """Readers of compare.json (replay's H1b table, verdicts) take a too-wide interval's missing ends."""
+    d = json.loads((recorded / "compare.json").read_text())
+    row = _h1b_row("H1b:fa3", recorded / "compare.json", d)
+    assert row["ratio"] is None and row["verdict"] == "no verdict"
+    line = table([load(recorded)]).splitlines()[2]
+    assert "no verdict: too wide to state" in line and "**no verdict" in line
