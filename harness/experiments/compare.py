@@ -604,7 +604,7 @@ def needed_line(plan: Plan, sd_a: float, sd_b: float, source: str) -> str:
     shift, budget = f"{100 * S.TARGET_SHIFT:g} %", plan.max_rounds
     spread = f"launch spread {100 * sd_a:.2g} % (A), {100 * sd_b:.2g} % (B) {source}"
     if n is None:
-        return f"a {shift} shift needs more than 256 rounds at 80 % power at {spread}"
+        return f"a {shift} shift needs more than 64 rounds at 80 % power at {spread}: beyond the budget of {budget} rounds"
     fits = "within" if n <= budget else "beyond"
     return f"a {shift} shift needs {n} rounds at 80 % power at {spread}: {fits} the budget of {budget} rounds"
 
