@@ -53,7 +53,7 @@ from harness.drivers.rundir import REPO_ROOT
 from harness.drivers.runstate import refuse_unfinished
 from harness.drivers.serve import ServeOptions, serve
 from harness.errors import EXIT_FAIL, HarnessError
-from harness.experiments.compare_report import _pct, gate_line, render_md, summary_lines, write_outputs
+from harness.experiments.compare_report import _pct, gate_line, summary_lines, write_outputs
 from harness.experiments.protocols import protocol_for, serve_options
 from harness.hooks import parse_hooks
 from harness.limits import MAX_JSON_BYTES, read_bounded
