@@ -53,7 +53,7 @@ from harness.drivers.rundir import REPO_ROOT
 from harness.drivers.runstate import refuse_unfinished
 from harness.drivers.serve import ServeOptions, serve
 from harness.errors import EXIT_FAIL, HarnessError
-from harness.experiments.compare_report import _pct, gate_line, summary_lines, write_outputs
+from harness.experiments.compare_report import gate_line, pct_text, summary_lines, write_outputs
 from harness.experiments.protocols import protocol_for, serve_options
 from harness.hooks import parse_hooks
 from harness.limits import MAX_JSON_BYTES, read_bounded
@@ -588,7 +588,7 @@ def look(runs_a: Sequence[RunMeta], runs_b: Sequence[RunMeta], plan: Plan, gate_
     if n == plan.looks[0]:
         seq["mde_before"] = plan.mde_for_budget(head, n)
         log(f"minimum detectable effect (80 % power) with all {plan.max_rounds} rounds, from the spread so far: "
-            f"{_pct(seq['mde_before'])}")
+            f"{pct_text(seq['mde_before'])}")
         if head.ab is not None and head.ab.sd_log is not None:
             log(needed_line(plan, *head.ab.sd_log, "on the launch spread measured in these rounds"))
     if head.verdict in DECISIVE or (head.verdict == "no verdict" and not head.pending):

@@ -60,8 +60,8 @@ def render_md(res) -> str:
     if seq:
         lines.append(f"- sequential: looks after rounds {seq['looks'][0]}–{seq['looks'][-1]}, alpha spent O'Brien–Fleming-"
                      f"type (overall false faster/slower ≤ {seq['alpha']:g}); {seq.get('outcome', '')}; minimum detectable "
-                     f"effect (80 % power): {_pct(seq.get('mde_before'))} for the whole budget after round "
-                     f"{seq['looks'][0]}, {_pct(seq.get('mde_after'))} at the end")
+                     f"effect (80 % power): {pct_text(seq.get('mde_before'))} for the whole budget after round "
+                     f"{seq['looks'][0]}, {pct_text(seq.get('mde_after'))} at the end")
     lines += [
         "",
         "| metric | baseline | candidate | ratio [interval] | launches | A/A ratio [interval] | MDE (80 %) | verdict |",
@@ -85,7 +85,7 @@ def render_md(res) -> str:
     return "\n".join(lines)
 
 
-def _pct(x: float | None) -> str:
+def pct_text(x: float | None) -> str:
     return f"no figure (beyond ×{S.WIDEST_FACTOR:g} or no interval)" if x is None else f"{100 * x:.2g} %"
 
 
@@ -117,7 +117,7 @@ def summary_lines(res, with_gate: bool = True) -> list[str]:
         out.append("  (" + COLUMNS_NOTE + ")")
     if res.sequential:
         q = res.sequential
-        out.append(f"sequential: {q.get('outcome')}; minimum detectable effect (80 % power) {_pct(q.get('mde_before'))} "
-                   f"for {q['max_rounds']} rounds (seen after round {q['looks'][0]}), {_pct(q.get('mde_after'))} at the end")
+        out.append(f"sequential: {q.get('outcome')}; minimum detectable effect (80 % power) {pct_text(q.get('mde_before'))} "
+                   f"for {q['max_rounds']} rounds (seen after round {q['looks'][0]}), {pct_text(q.get('mde_after'))} at the end")
     out.append(f"verdict @ {res.reference}: {res.verdict}" + (f" — {res.reason}" if res.verdict == "no verdict" else ""))
     return out
