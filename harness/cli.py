@@ -86,7 +86,8 @@ def _compare(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-rounds", type=int, help="--until-resolved: at most this many rounds (default 24: "
                    "80 %% power at a 5 %% shift under 5 %% launch noise; docs/statistics.md)")
     p.add_argument("--margin", type=float, default=0.02, help="equivalent = the whole interval within 1 ± this (default 0.02)")
-    p.add_argument("--reanalyze", action="store_true", help="judge the round directories already in --out; serve nothing")
+    p.add_argument("--reanalyze", action="store_true", help="judge the round directories already in --out; serve nothing "
+                   "(a sequential plan, recorded or given by --until-resolved, is replayed look by look)")
 
 
 def _report(p: argparse.ArgumentParser) -> None:

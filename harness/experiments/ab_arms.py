@@ -45,7 +45,7 @@ from harness.experiments.bench_engine import (
     write_result,
 )
 from harness.experiments.compare import gate_kind
-from harness.experiments.engine_ab import EngineArm, engine_switches, judge_gated, latent_bytes, session_actions
+from harness.experiments.engine_ab import EngineArm, engine_switches, judge_gated, latent_bytes, ratio_columns, session_actions
 from harness.experiments.kernel_profile import ProfileChunk
 from harness.measure import stats as S
 from harness.measure.kernels import render
@@ -178,8 +178,7 @@ def _print(out: dict) -> None:
         line += f", worst rel-L2 {g['worst_rel_l2']:.4g}" if "worst_rel_l2" in g else ""
         # one launch: the interval is the within-launch one, shown for screening, never a verdict
         if r := a.get("ratio") or a.get("within_launch"):
-            line += (f"; {a['baseline_ms']:.1f} → {a['candidate_ms']:.1f} ms, ratio {r['value']:.4f} "
-                     f"[{r['low']:.4f}, {r['high']:.4f}]" + ("" if a.get("ratio") else " within one launch"))
+            line += f"; {ratio_columns(a, r)}" + ("" if a.get("ratio") else " within one launch")
         print(line + f"; {a['verdict']}")
     for name, r in out.get("rates", {}).items():
         mfu = f", {r['mfu_bf16']:.1%} of bf16 peak" if r["mfu_bf16"] else ""

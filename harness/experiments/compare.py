@@ -25,8 +25,12 @@ Judgement, in this order:
 With ``--until-resolved`` rounds continue until the verdict at cpu_ready is faster, slower or
 equivalent, or ``--max-rounds`` is reached; each look (after round 2, 3, …) takes its interval at
 the level an alpha-spending plan gives it (``stats.spending_levels``), so the chance of a false
-faster/slower over all looks stays ≤ 5 %. The minimum detectable effect (80 % power) is printed
-after the first look, for the whole budget, and at the end, for the rounds run.
+faster/slower over all looks is about 5 %. An interval too wide to state (the early looks of a long
+plan) is a "no verdict" the loop looks past. The rounds a 5 % shift needs at 80 % power are printed
+before the first launch (from ``stats.PRIOR_LAUNCH_SD``) and at the first look (from the launches
+measured); the minimum detectable effect (80 % power) at the first look, for the whole budget, and
+at the end, for the rounds run. ``--reanalyze`` replays a sequential plan through the same ``look``.
+Tables (``compare_report``) print the geometric means of the units beside their ratio.
 
 Outputs: ``OUT/compare.json`` (``CompareResult``) and ``OUT/compare.md``.
 """
@@ -45,10 +49,11 @@ import msgspec
 from harness.candidates import configure, get, resolve, split_id
 from harness.config import HarnessConfig, to_dict, upgrade_recorded
 from harness.drivers.options import resolve_config
-from harness.drivers.rundir import REPO_ROOT, write_json
+from harness.drivers.rundir import REPO_ROOT
 from harness.drivers.runstate import refuse_unfinished
 from harness.drivers.serve import ServeOptions, serve
 from harness.errors import EXIT_FAIL, HarnessError
+from harness.experiments.compare_report import gate_line, pct_text, summary_lines, write_outputs
 from harness.experiments.protocols import protocol_for, serve_options
 from harness.hooks import parse_hooks
 from harness.limits import MAX_JSON_BYTES, read_bounded
@@ -96,8 +101,9 @@ class GateRecord(msgspec.Struct, frozen=True):
 
 class Ratio(msgspec.Struct, frozen=True):
     value: float
-    low: float
-    high: float
+    #: None when the interval is too wide to state (``stats.WIDEST_FACTOR``)
+    low: float | None
+    high: float | None
     n_sessions: int
     n_samples: int
     #: launches per arm (baseline, candidate) the interval was taken over; its confidence and df
@@ -111,6 +117,8 @@ class Ratio(msgspec.Struct, frozen=True):
 class Row(msgspec.Struct, frozen=True):
     metric: str
     boundary: str
+    #: geometric means of the units the ratio reads (launch medians; one launch: session medians),
+    #: so candidate_ms / baseline_ms is the ratio (schema 2 before this: pooled medians)
     baseline_ms: float | None
     candidate_ms: float | None
     ab: Ratio | None
@@ -127,6 +135,8 @@ class Row(msgspec.Struct, frozen=True):
     mde: float | None = None
     #: one launch per arm: the within-launch (session-level) interval, descriptive only
     within_launch: Ratio | None = None
+    #: a "no verdict" that more rounds can change (one launch, an interval too wide to state)
+    pending: bool = False
 
 
 class CompareResult(msgspec.Struct, frozen=True):
@@ -379,12 +389,17 @@ def compare_metric(metric: str, boundary: str, base: Rounds, cand: Rounds, gate_
     v = S.judge_ab(base, cand, gate_passed=gate_passed, level=level, margin=margin)
     n = len(b) + len(c)
     significant = None if v.verdict == "no verdict" else v.verdict in ("faster", "slower")
+    shown = v.ab or v.within_launch  # the columns come from the units the ratio reads
     return Row(
-        metric, boundary,
-        S.nearest_rank([x for s in b for x in s], 50) / 1e6, S.nearest_rank([x for s in c for x in s], 50) / 1e6,
+        metric, boundary, _ms(shown.center_a if shown else None), _ms(shown.center_b if shown else None),
         _ratio(v.ab, n, nb + nc) if v.ab else None, _ratio(v.aa, len(b), nb) if v.aa else None, None, significant,
         v.verdict, v.reason, nb, nc, v.mde, _ratio(v.within_launch, n, nb + nc) if v.within_launch else None,
+        not v.final,
     )
+
+
+def _ms(ns: float | None) -> float | None:
+    return None if ns is None else ns / 1e6
 
 
 class RunData(msgspec.Struct, frozen=True):
@@ -505,8 +520,10 @@ def head_row(rows: Sequence[Row]) -> Row:
     return next(r for r in rows if r.boundary == REFERENCE and r.metric.startswith("steady"))
 
 
-def reanalyze(out: Path, **kw) -> CompareResult:
-    """Judge the round directories already under ``out`` (no serving)."""
+def reanalyze(out: Path, plan: Plan | None = None, log: Callable[[str], None] = lambda line: None) -> CompareResult:
+    """Judge the round directories already under ``out`` (no serving). A sequential plan — the one
+    ``compare.json`` records, else ``plan`` (``--until-resolved``) — is replayed look by look, as
+    the loop took them: the result is that of the look the loop stops at."""
     dirs = round_dirs(out)
     if not dirs:
         raise HarnessError(f"{out} holds no round{{r}}-A / round{{r}}-B run directories")
@@ -518,9 +535,78 @@ def reanalyze(out: Path, **kw) -> CompareResult:
     if (out / "compare.json").is_file():  # judge at the level of the look the comparison stopped at
         seq = _read_json(out / "compare.json").get("sequential")
     if seq:
-        kw.setdefault("plan", Plan(seq["max_rounds"], True, seq["margin"], seq.get("alpha", S.DEFAULT_ALPHA)))
-        kw.setdefault("sequential", seq)
-    return analyze(runs_a, runs_b, rounds_requested=seq["max_rounds"] if seq else rounds, **kw)
+        recorded = Plan(seq["max_rounds"], True, seq["margin"], seq.get("alpha", S.DEFAULT_ALPHA))
+        if plan is not None and plan != recorded:
+            raise HarnessError(f"{out} records a sequential plan of {recorded.max_rounds} rounds (margin {recorded.margin:g}); "
+                               f"reanalyze it without --until-resolved/--max-rounds/--margin, or with the same ones")
+        plan = recorded
+    if plan is None or not plan.sequential:
+        return analyze(runs_a, runs_b, rounds_requested=rounds)
+    if rounds > plan.max_rounds:
+        raise HarnessError(f"{out} holds {rounds} rounds, more than the plan's {plan.max_rounds}")
+    gate_rec = run_gate(runs_a[0], runs_b[0], check_comparable(runs_a, runs_b))
+    seq, ends = plan.record(), rounds
+    if gate_rec.status != "fail":
+        ends = next((n for n in plan.looks if n <= rounds
+                     and look(first_rounds(runs_a, n), first_rounds(runs_b, n), plan, gate_rec, seq, log)), rounds)
+    stopped = None
+    if ends < rounds:
+        stopped = f"rounds {ends}–{rounds - 1} on disk are past the look the loop stops at"
+    return finish_sequential(first_rounds(runs_a, ends), first_rounds(runs_b, ends), plan, gate_rec, stopped, seq)
+
+
+def first_rounds(runs: Sequence[RunMeta], n: int) -> list[RunMeta]:
+    return [r for r in runs if r.round < n]
+
+
+def finish_sequential(runs_a: Sequence[RunMeta], runs_b: Sequence[RunMeta], plan: Plan, gate_rec: GateRecord | None,
+                      stopped: str | None, seq: dict) -> CompareResult:
+    """The result of a sequential comparison whose looks ``seq`` has recorded, over the rounds it ran."""
+    n = len({r.round for r in runs_b})
+    if "outcome" in seq and n < plan.max_rounds:
+        head = f"resolved after {n} rounds: {seq['outcome'].split(' after ')[0]}"
+        stopped = head + (f" ({stopped})" if stopped else "")
+    elif "outcome" not in seq and n == plan.max_rounds:
+        seq["outcome"] = f"unresolved at the maximum of {plan.max_rounds} rounds"
+    elif "outcome" not in seq and gate_rec is not None and gate_rec.status != "fail":
+        seq["outcome"] = f"unresolved after {n} of {plan.max_rounds} rounds"  # a replay of a comparison cut short
+    res = analyze(runs_a, runs_b, rounds_requested=plan.max_rounds, gate_record=gate_rec, stopped_early=stopped,
+                  plan=plan, sequential=seq)
+    seq.setdefault("outcome", res.verdict)
+    seq["mde_after"] = head_row(res.rows).mde
+    seq["rounds"] = res.rounds_run
+    return res
+
+
+def look(runs_a: Sequence[RunMeta], runs_b: Sequence[RunMeta], plan: Plan, gate_rec: GateRecord, seq: dict,
+         log: Callable[[str], None]) -> bool:
+    """One look of the sequential plan, logged; True when the loop stops at it: at faster, slower
+    or equivalent, or at a "no verdict" that no further round can change (no samples)."""
+    n = len(runs_b)
+    head = head_row(analyze(runs_a, runs_b, rounds_requested=plan.max_rounds, gate_record=gate_rec, plan=plan).rows)
+    log(f"look after {n} rounds: {head.verdict} at level {plan.level(n):.3g} — {head.reason}")
+    if n == plan.looks[0]:
+        seq["mde_before"] = plan.mde_for_budget(head, n)
+        log(f"minimum detectable effect (80 % power) with all {plan.max_rounds} rounds, from the spread so far: "
+            f"{pct_text(seq['mde_before'])}")
+        if head.ab is not None and head.ab.sd_log is not None:
+            log(needed_line(plan, *head.ab.sd_log, "on the launch spread measured in these rounds"))
+    if head.verdict in DECISIVE or (head.verdict == "no verdict" and not head.pending):
+        seq["outcome"] = f"{head.verdict} after {n} rounds"
+        return True
+    return False
+
+
+def needed_line(plan: Plan, sd_a: float, sd_b: float, source: str) -> str:
+    """The rounds a TARGET_SHIFT needs at 80 % power, against the budget: said before a comparison
+    starts (from the prior) and again at the first look (from the launches measured)."""
+    n = S.rounds_needed(sd_a, sd_b, sequential=plan.sequential, budget=plan.max_rounds)
+    shift, budget = f"{100 * S.TARGET_SHIFT:g} %", plan.max_rounds
+    spread = f"launch spread {100 * sd_a:.2g} % (A), {100 * sd_b:.2g} % (B) {source}"
+    if n is None:
+        return f"a {shift} shift needs more than 64 rounds at 80 % power at {spread}: beyond the budget of {budget} rounds"
+    fits = "within" if n <= budget else "beyond"
+    return f"a {shift} shift needs {n} rounds at 80 % power at {spread}: {fits} the budget of {budget} rounds"
 
 
 # ---- rendering -----------------------------------------------------------------------------
@@ -528,87 +614,6 @@ def reanalyze(out: Path, **kw) -> CompareResult:
 
 def _f(x: float | None, fmt: str = "{:.1f}") -> str:
     return "—" if x is None else fmt.format(x)
-
-
-def _iv(r: Ratio | None) -> str:
-    return "—" if r is None else f"[{r.low:.4f}, {r.high:.4f}]"
-
-
-def render_md(res: CompareResult) -> str:
-    g, lv = res.gate, res.interval
-    seq = res.sequential
-    lines = [
-        f"# compare: {' + '.join(res.candidate)} vs baseline {' + '.join(res.baseline) or '(no candidate)'}",
-        "",
-        f"**Verdict @ {res.reference}: {res.verdict}** — {res.reason}",
-        "",
-        f"- **{gate_line(g)}**",
-        f"- rounds: {res.rounds_run} of {res.rounds_requested} " + ("at most (--until-resolved)" if seq else "requested")
-        + f", order {res.order}" + (f"; stopped early: {res.stopped_early}" if res.stopped_early else ""),
-        f"- protocol per launch: {res.protocol.get('name', 'timing')}, {res.protocol.get('sessions', '?')} sessions "
-        f"(1 warm-up), {res.protocol.get('chunks_per_session', '?')} chunks, window {res.protocol.get('window', '?')}",
-        f"- verdict: {res.method}",
-        f"- interval: {100 * (1 - lv['level']):.4g} % (nominal level {lv['level']:.3g} of this look); equivalent = "
-        f"within 1 ± {lv['margin']:g}",
-    ]
-    if seq:
-        lines.append(f"- sequential: looks after rounds {seq['looks'][0]}–{seq['looks'][-1]}, alpha spent O'Brien–Fleming-"
-                     f"type (overall false faster/slower ≤ {seq['alpha']:g}); {seq.get('outcome', '')}; minimum detectable "
-                     f"effect (80 % power): {_pct(seq.get('mde_before'))} for the whole budget after round "
-                     f"{seq['looks'][0]}, {_pct(seq.get('mde_after'))} at the end")
-    lines += [
-        "",
-        "| metric | baseline | candidate | ratio | interval | launches | A/A interval | MDE (80 %) | verdict | gate |",
-        "|---|---:|---:|---:|---|---|---|---:|---|---|",
-    ]
-    for r in res.rows:
-        ab = r.ab or r.within_launch
-        note = " (within one launch: no verdict)" if r.ab is None and r.within_launch else ""
-        launches = f"{ab.launches[0]}+{ab.launches[1]}" if r.ab else "—"
-        lines.append(
-            f"| {r.metric} | {_f(r.baseline_ms)} ms | {_f(r.candidate_ms)} ms | {_f(ab.value if ab else None, '{:.4f}')} | "
-            f"{_iv(ab)}{note} | {launches} | {_iv(r.aa)} | {_pct(r.mde)} | {r.verdict} | {g.status} ({g.kind}) |"
-        )
-    lines += ["", "## runs", "", "| round | arm | candidates | status | directory |", "|---:|---|---|---|---|"]
-    for r in res.runs:
-        lines.append(f"| {r.round} | {r.arm} | {', '.join(r.candidates) or '—'} | {r.status} | `{r.dir}` |")
-    lines += ["", "Units: one per launch, the median of its steady intervals pooled over its sessions (TTFC: over its "
-              "measured sessions).", ""]
-    return "\n".join(lines)
-
-
-def _pct(x: float | None) -> str:
-    return "—" if x is None else f"{100 * x:.2f} %"
-
-
-def write_outputs(out: Path, res: CompareResult) -> tuple[Path, Path]:
-    j, md = out / "compare.json", out / "compare.md"
-    write_json(j, msgspec.to_builtins(res))
-    tmp = md.with_suffix(".md.tmp")
-    tmp.write_text(render_md(res))
-    tmp.replace(md)
-    return j, md
-
-
-def gate_line(g) -> str:
-    """``gate (exact): pass: 28 files …`` — the status said once."""
-    return f"gate ({g.kind}): {g.verdict if g.verdict.startswith(g.status) else f'{g.status}: {g.verdict}'}"
-
-
-def summary_lines(res: CompareResult) -> list[str]:
-    out = [gate_line(res.gate)]
-    for r in res.rows:
-        if r.ab:
-            out.append(f"  {r.metric:<34} {_f(r.baseline_ms)} → {_f(r.candidate_ms)} ms  ratio {r.ab.value:.4f} "
-                       f"[{r.ab.low:.4f}, {r.ab.high:.4f}] over {r.ab.launches[0]}+{r.ab.launches[1]} launches  {r.verdict}")
-        else:
-            out.append(f"  {r.metric:<34} {r.verdict}: {r.reason}")
-    if res.sequential:
-        q = res.sequential
-        out.append(f"sequential: {q.get('outcome')}; minimum detectable effect (80 % power) {_pct(q.get('mde_before'))} "
-                   f"for {q['max_rounds']} rounds (seen after round {q['looks'][0]}), {_pct(q.get('mde_after'))} at the end")
-    out.append(f"verdict @ {res.reference}: {res.verdict}" + (f" — {res.reason}" if res.verdict == "no verdict" else ""))
-    return out
 
 
 # ---- running -------------------------------------------------------------------------------
@@ -700,6 +705,7 @@ def run_compare(
     gate_rec, stopped, seq = None, None, plan.record() if until_resolved else None
     if seq is not None:
         log(budget_line(plan))
+    log(needed_line(plan, S.PRIOR_LAUNCH_SD, S.PRIOR_LAUNCH_SD, "(the prior, before any launch is measured)"))
     for r in range(plan.max_rounds):
         t0 = time.monotonic()
         for arm, m in _launch_round(cfg, out, r, (("A", a_specs), ("B", b_specs)), hooks, progress, proto, log).items():
@@ -709,32 +715,16 @@ def run_compare(
             log(f"the first round took {took:.0f} s: {plan.max_rounds} rounds take about {plan.max_rounds * took / 60:.0f} min at most")
             cand = check_comparable(metas["A"], metas["B"])  # refuse before spending more rounds
             gate_rec = run_gate(metas["A"][0], metas["B"][0], cand)
-            log(f"gate ({gate_rec.kind}): {gate_rec.verdict}")
+            log(gate_line(gate_rec))
             if gate_rec.status == "fail":
                 stopped = "numeric gate failed on round 0: no speed is claimed, remaining rounds skipped"
                 break
-        if seq is None or r + 1 not in plan.looks:
-            continue
-        head = head_row(analyze(metas["A"], metas["B"], rounds_requested=plan.max_rounds, gate_record=gate_rec, plan=plan).rows)
-        log(f"look after {r + 1} rounds: {head.verdict} at level {plan.level(r + 1):.3g} — {head.reason}")
-        if r + 1 == plan.looks[0]:
-            seq["mde_before"] = plan.mde_for_budget(head, r + 1)
-            log(f"minimum detectable effect (80 % power) with all {plan.max_rounds} rounds, from the spread so far: "
-                f"{_pct(seq['mde_before'])}")
-        if head.verdict in DECISIVE or head.verdict == "no verdict":
-            seq["outcome"] = f"{head.verdict} after {r + 1} rounds"
-            stopped = None if r + 1 == plan.max_rounds else f"resolved after {r + 1} rounds: {head.verdict}"
+        if seq is not None and r + 1 in plan.looks and look(metas["A"], metas["B"], plan, gate_rec, seq, log):
             break
-    else:
-        if seq is not None:
-            seq["outcome"] = f"unresolved at the maximum of {plan.max_rounds} rounds"
-    res = analyze(metas["A"], metas["B"], rounds_requested=plan.max_rounds, gate_record=gate_rec, stopped_early=stopped,
-                  plan=plan, sequential=seq)
-    if seq is not None:
-        seq.setdefault("outcome", res.verdict)
-        seq["mde_after"] = head_row(res.rows).mde
-        seq["rounds"] = res.rounds_run
-    return res
+    if seq is None:
+        return analyze(metas["A"], metas["B"], rounds_requested=plan.max_rounds, gate_record=gate_rec,
+                       stopped_early=stopped, plan=plan)
+    return finish_sequential(metas["A"], metas["B"], plan, gate_rec, stopped, seq)
 
 
 def main(args) -> int:
@@ -742,7 +732,8 @@ def main(args) -> int:
         if not args.out:
             raise HarnessError("--reanalyze needs --out DIR (the comparison directory)")
         out = Path(args.out)
-        res = reanalyze(out)
+        plan = check_plan(args.rounds, True, args.max_rounds, args.margin) if args.until_resolved else None
+        res = reanalyze(out, plan, log=print)
     else:
         check_plan(args.rounds, args.until_resolved, args.max_rounds, args.margin)  # before any config is built
         cfg = resolve_config(args)
@@ -751,7 +742,7 @@ def main(args) -> int:
                           hooks=parse_hooks(args.hooks).items(), progress=not args.no_progress,
                           until_resolved=args.until_resolved, max_rounds=args.max_rounds, margin=args.margin)
     j, md = write_outputs(out, res)
-    for line in summary_lines(res):
+    for line in summary_lines(res, with_gate=bool(args.reanalyze)):  # a live comparison printed it after round 0
         print(line)
     print(f"wrote {j} and {md}")
     return EXIT_FAIL if res.gate.status == "fail" else 0

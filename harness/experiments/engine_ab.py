@@ -162,6 +162,14 @@ def gate_pairs(kind: str, a: list[list[bytes]], b: list[list[bytes]], shape: tup
 DEFAULT_LAUNCHES = 3
 
 
+def ratio_columns(res: dict, r: dict) -> str:
+    """``A → B ms, ratio 0.97 [0.95, 0.99]`` from a recorded judgement: columns and ratio from the
+    same units, rounded to the interval's width (``stats.ratio_text``)."""
+    iv = msgspec.convert(r, S.Interval)
+    d = S.decimals(res["baseline_ms"] * (iv.high - iv.low) / iv.value if iv.low is not None else res["baseline_ms"], most=1)
+    return f"{res['baseline_ms']:.{d}f} → {res['candidate_ms']:.{d}f} ms, ratio {S.ratio_text(iv)}"
+
+
 def judge(launches: list[dict], steady: int, gate_passed: bool) -> dict:
     """Per launch the steady chunk times of each arm (chunks whose K window is saturated) →
     medians, the paired launch-level interval of B/A, the verdict (``stats.judge_ab``)."""
@@ -169,8 +177,13 @@ def judge(launches: list[dict], steady: int, gate_passed: bool) -> dict:
     if not all(s for arm in arms.values() for l in arm for s in l):
         raise HarnessError(f"sessions need more than {steady} chunks for a steady (window-saturated) chunk")
     v = S.judge_ab(arms["A"], arms["B"], gate_passed=gate_passed, paired=True)
-    flat = {arm: [x for l in arms[arm] for s in l for x in s] for arm in arms}
-    return {"baseline_ms": S.nearest_rank(flat["A"], 50), "candidate_ms": S.nearest_rank(flat["B"], 50),
+    shown = v.ab or v.within_launch  # the columns are the units the ratio reads: candidate_ms / baseline_ms = ratio
+    if shown is None:  # no interval at all (one session an arm): the medians of the chunk times, said as such
+        flat = {arm: [x for l in arms[arm] for s in l for x in s] for arm in arms}
+        base, cand = S.nearest_rank(flat["A"], 50), S.nearest_rank(flat["B"], 50)
+    else:
+        base, cand = shown.center_a, shown.center_b
+    return {"baseline_ms": base, "candidate_ms": cand,
             "launches": len(launches), "ratio": msgspec.to_builtins(v.ab) if v.ab else None,
             "within_launch": msgspec.to_builtins(v.within_launch) if v.within_launch else None,
             "aa": msgspec.to_builtins(v.aa) if v.aa else None, "noise_floor": None, "mde": v.mde,
@@ -225,9 +238,9 @@ def main(args) -> int:
     r = res.get("ratio") or res.get("within_launch")
     if r:
         what = "paired over launches" if res.get("ratio") else "within one launch, no verdict"
-        print(f"  steady chunk P50 {res['baseline_ms']:.1f} → {res['candidate_ms']:.1f} ms, ratio {r['value']:.4f} "
-              f"[{r['low']:.4f}, {r['high']:.4f}] ({what})"
-              + (f"; minimum detectable effect (80 % power) {100 * res['mde']:.2f} %" if res.get("mde") else ""))
+        print(f"  steady chunk (geometric mean of the {'launch' if res.get('ratio') else 'session'} medians) "
+              f"{ratio_columns(res, r)} ({what})"
+              + (f"; minimum detectable effect (80 % power) {100 * res['mde']:.2g} %" if res.get("mde") else ""))
     print(f"  verdict: {res['verdict']} — {res['reason']}")
     if args.json:
         with open(args.json, "w") as f:

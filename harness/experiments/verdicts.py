@@ -24,7 +24,7 @@ import msgspec
 
 from harness.errors import HarnessError
 from harness.limits import MAX_JSON_BYTES, read_bounded
-from harness.measure.stats import one_launch_reason
+from harness.measure.stats import decimals, one_launch_reason
 
 
 class Verdict(msgspec.Struct, frozen=True):
@@ -155,12 +155,19 @@ def table(verdicts: list[Verdict]) -> str:
              "| MDE (80 %) | verdict | setting |",
              "|---|---|---|---|---:|---:|---:|---|---:|---|---:|---|---|"]
     for v in verdicts:
-        interval = "—" if v.low is None or v.high is None else f"[{v.low:.4f}, {v.high:.4f}] ({v.interval})"
+        stated = v.low is not None and v.high is not None
+        d = decimals(v.high - v.low) if stated else 4  # rounded to the interval's width, as compare prints it
+        d_ms = decimals(v.baseline_ms * (v.high - v.low) / v.ratio, most=1) if stated and v.baseline_ms and v.ratio else 1
+        interval = f"[{v.low:.{d}f}, {v.high:.{d}f}] ({v.interval})" if stated else \
+            ("no verdict: too wide to state" if v.ratio is not None else "—")
         floor = "—" if v.noise_floor is None else f"±{v.noise_floor:.4f}"
-        mde = "—" if v.mde is None else f"{100 * v.mde:.2f} %"
-        lines.append(f"| {v.candidate} | {v.method} | {v.gate} | {v.statistic} | {_num(v.baseline_ms, '.1f', ' ms')} | "
-                     f"{_num(v.candidate_ms, '.1f', ' ms')} | {_num(v.ratio, '.4f')} | {interval} | {v.launches} | {floor} | "
-                     f"{mde} | **{v.verdict}** | {v.setting} |")
+        mde = "—" if v.mde is None else f"{100 * v.mde:.2g} %"
+        lines.append(f"| {v.candidate} | {v.method} | {v.gate} | {v.statistic} | {_num(v.baseline_ms, f'.{d_ms}f', ' ms')} | "
+                     f"{_num(v.candidate_ms, f'.{d_ms}f', ' ms')} | {_num(v.ratio, f'.{d}f')} | {interval} | {v.launches} | "
+                     f"{floor} | {mde} | **{v.verdict}** | {v.setting} |")
+    lines.append("")
+    lines.append("baseline, candidate: geometric means of the launch medians the ratio reads (one launch: of its session "
+                 "medians; results written before that: pooled medians), so ratio = candidate / baseline.")
     return "\n".join(lines)
 
 

@@ -17,10 +17,13 @@ Rules, stated once:
   of its pooled steady intervals; ratio = exp(mean log unit of B − of A); its interval is Student's
   t on those units (Welch for independent launches; the one-sample t of per-launch differences when
   A and B share each launch). No verdict with fewer than 2 launches per arm. Faster / slower only
-  when the whole interval is below / above 1; equivalent when it lies within 1 ± margin.
+  when the whole interval is below / above 1; equivalent when it lies within 1 ± margin; no
+  verdict (not final: more launches narrow it) when its ends lie beyond ×/÷WIDEST_FACTOR of the
+  ratio, which is then reported without them. Student's t is SciPy's.
 - **Sequential looks**: ``compare --until-resolved`` looks after every round; each look's interval is
   taken at the nominal level an O'Brien–Fleming-type alpha-spending plan gives it, so the chance of
-  any false faster/slower over all looks stays ≤ α.
+  any false faster/slower over all looks is about α (the plan's boundaries are a normal
+  statistic's, applied to t intervals: 5.3 % measured at α = 5 %, docs/statistics.md).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Callable, Literal, Sequence
 
 import msgspec
 import numpy as np
+from scipy.stats import t as _student_t
 
 #: A statistic over bootstrap replicates: rows are replicates, NaN pads the unused tail of a row.
 RowStatistic = Callable[[np.ndarray], np.ndarray]
@@ -201,69 +205,20 @@ def bootstrap_percentile(sessions: Sequence[Sequence[float] | np.ndarray], p: fl
     return bootstrap_sessions(sessions, p_stat(p), **kw)
 
 
-# ---- distributions (no SciPy: the GPU image and the CI box do without it) --------------------
+# ---- distributions ---------------------------------------------------------------------------
 
 _NORMAL = NormalDist()
-_TINY = 1e-300
-_lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
-
-
-def _beta_fraction(a: np.ndarray, b: np.ndarray, x: np.ndarray, terms: int = 300) -> np.ndarray:
-    """Continued fraction of the incomplete beta function (modified Lentz), elementwise; stops
-    once every element has converged (tens of terms where it is used)."""
-    c = np.ones_like(x)
-    d = 1 - (a + b) * x / (a + 1)
-    d = 1 / np.where(np.abs(d) < _TINY, _TINY, d)
-    h = d.copy()
-    for m in range(1, terms + 1):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1 + num * d
-            d = 1 / np.where(np.abs(d) < _TINY, _TINY, d)
-            c = 1 + num / c
-            c = np.where(np.abs(c) < _TINY, _TINY, c)
-            step = d * c
-            h = h * step
-        if np.all(np.abs(step - 1) < 1e-15):
-            break
-    return h
-
-
-def betainc(a, b, x) -> np.ndarray:
-    """Regularised incomplete beta I_x(a, b), elementwise (a, b > 0, 0 ≤ x ≤ 1)."""
-    a, b, x = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in (a, b, x)))
-    out = np.where(x >= 1, 1.0, 0.0)
-    inner = (x > 0) & (x < 1)
-    if not inner.any():
-        return out
-    a, b, x = a[inner], b[inner], x[inner]
-    # the fraction converges fast for x < (a+1)/(a+b+2); beyond it use I_x(a,b) = 1 − I_{1−x}(b,a)
-    flip = x >= (a + 1) / (a + b + 2)
-    aa, bb, xx = np.where(flip, b, a), np.where(flip, a, b), np.where(flip, 1 - x, x)
-    log_front = _lgamma(aa + bb) - _lgamma(aa) - _lgamma(bb) + aa * np.log(xx) + bb * np.log1p(-xx)
-    v = np.exp(log_front) * _beta_fraction(aa, bb, xx) / aa
-    out[inner] = np.where(flip, 1 - v, v)
-    return out
 
 
 def t_two_sided_p(t, df) -> np.ndarray:
     """P(|T| ≥ |t|) for Student's t with ``df`` degrees of freedom (df may be fractional: Welch)."""
-    t, df = np.broadcast_arrays(np.asarray(t, dtype=np.float64), np.asarray(df, dtype=np.float64))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        x = df / (df + t * t)
-    return betainc(df / 2, 0.5, np.where(np.isinf(t), 0.0, x))
+    return 2 * _student_t.sf(np.abs(np.asarray(t, dtype=np.float64)), np.asarray(df, dtype=np.float64))
 
 
 def t_quantile(p_two_sided, df) -> np.ndarray:
-    """q with P(|T| ≥ q) = p: bisection on x = df/(df + q²), in log space (p down to 1e-300)."""
-    p, df = np.broadcast_arrays(np.asarray(p_two_sided, dtype=np.float64), np.asarray(df, dtype=np.float64))
-    lo, hi = np.full(p.shape, -700.0), np.zeros(p.shape)  # log x
-    for _ in range(52):  # 700 / 2^52: exact to the last bits of a double
-        mid = (lo + hi) / 2
-        below = betainc(df / 2, 0.5, np.exp(mid)) < p
-        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
-    x = np.exp((lo + hi) / 2)
-    return np.sqrt(df * (1 - x) / x)
+    """q with P(|T| ≥ q) = p (SciPy's inverse survival function: accurate down to the 1e-11 of
+    an early sequential look)."""
+    return _student_t.isf(np.asarray(p_two_sided, dtype=np.float64) / 2, np.asarray(df, dtype=np.float64))
 
 
 @functools.lru_cache(maxsize=128)
@@ -364,8 +319,9 @@ class Interval(msgspec.Struct, frozen=True):
     """Ratio B/A = exp(mean log unit median of B − of A) and its interval at a nominal level."""
 
     value: float
-    low: float
-    high: float
+    #: None when the interval is too wide to state (``UNBOUNDED``): its ends would be no figure at all
+    low: float | None
+    high: float | None
     #: 1 − the nominal two-sided level of this look (0.95 for a single look at α = 0.05)
     confidence: float
     se_log: float
@@ -379,6 +335,17 @@ class Interval(msgspec.Struct, frozen=True):
     #: per-launch differences and sd_a is 0 (what ``min_detectable`` needs)
     sd_a: float = 0.0
     sd_b: float = 0.0
+    #: geometric means of the unit medians of A and of B (the units the ratio reads): center_b /
+    #: center_a is ``value``, so a table printing them beside the ratio agrees with it
+    center_a: float | None = None
+    center_b: float | None = None
+
+
+#: An interval whose ends lie more than this factor from its ratio bounds no speed worth stating
+#: (at the first look of a 24-round plan the t quantile is ~3·10⁵): its ends are not reported
+#: and it is "no verdict" until more launches narrow it.
+WIDEST_FACTOR = 10.0
+UNBOUNDED = 4
 
 
 def log_ratio(ua: np.ndarray, ub: np.ndarray, paired: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -401,11 +368,15 @@ def log_ratio(ua: np.ndarray, ub: np.ndarray, paired: bool = False) -> tuple[np.
 
 def classify(low: np.ndarray, high: np.ndarray, margin: float) -> np.ndarray:
     """What a log interval shows, elementwise: 1 faster (wholly below 1), 2 slower (wholly above
-    1), 3 equivalent (wholly within 1 ± margin, bounds included), 0 not resolved. Only the whole
-    interval decides; its point never does."""
+    1), 3 equivalent (wholly within 1 ± margin, bounds included, and not wholly on one side of 1),
+    4 too wide to state (``UNBOUNDED``: an end beyond ``WIDEST_FACTOR`` of the ratio), 0 not
+    resolved. Only the whole interval decides; its point never does."""
     code = np.where(high < 0, 1, np.where(low > 0, 2, 0))
     inside = (low >= math.log1p(-margin)) & (high <= math.log1p(margin))
-    return np.where((code == 0) & inside, 3, code)
+    code = np.where((code == 0) & inside, 3, code)
+    with np.errstate(invalid="ignore"):
+        wide = (high - low) / 2 > math.log(WIDEST_FACTOR)
+    return np.where(wide, UNBOUNDED, code)
 
 
 def decide(point: np.ndarray, se: np.ndarray, df: np.ndarray, level: float, margin: float
@@ -416,26 +387,17 @@ def decide(point: np.ndarray, se: np.ndarray, df: np.ndarray, level: float, marg
     return classify(low, high, margin), low, high
 
 
-_NAMES = {1: "faster", 2: "slower", 3: "equivalent", 0: "no resolvable difference"}
+_NAMES = {1: "faster", 2: "slower", 3: "equivalent", 0: "no resolvable difference", UNBOUNDED: "no verdict"}
 
 
 #: Draws of the power simulation (``min_detectable``), fixed seed: the same data give the same MDE.
 MDE_DRAWS = 4000
 
 
-def _t_quantile_interp(level: float, df: np.ndarray, points: int = 96) -> np.ndarray:
-    """``t_quantile`` at many df, interpolated in 1/df from a grid (within 1e-4 relative where the
-    MDE uses it): thousands of exact quantiles would take seconds."""
-    lo, hi = float(df.min()), float(df.max())
-    if hi - lo < 1e-9:
-        return np.full(df.shape, float(t_quantile(level, hi)))
-    grid = np.linspace(1 / hi, 1 / lo, points)
-    return np.interp(1 / df, grid, t_quantile(level, 1 / grid))
-
-
 def min_detectable(sd_a: float, sd_b: float, n_a: int, n_b: int, level: float, *, paired: bool = False,
-                   power: float = POWER) -> float:
-    """Relative shift (0.05 = 5 %) this very test finds with probability ``power``: units of spread
+                   power: float = POWER) -> float | None:
+    """Relative shift (0.05 = 5 %) this very test finds with probability ``power`` (None when it is
+    beyond ``WIDEST_FACTOR``, e.g. at a first look's level of 10⁻¹¹): units of spread
     ``sd_a``, ``sd_b`` (log scale; paired: ``sd_b`` is the spread of the per-launch differences and
     ``sd_a`` is unused), ``n_a`` and ``n_b`` of them, the t interval at two-sided ``level``.
 
@@ -447,8 +409,56 @@ def min_detectable(sd_a: float, sd_b: float, n_a: int, n_b: int, level: float, *
     zb = rng.normal(0.0, sd_b, (MDE_DRAWS, n_b))
     za = np.zeros((MDE_DRAWS, n_a)) if paired else rng.normal(0.0, sd_a, (MDE_DRAWS, n_a))
     point, se, df = log_ratio(za, zb, paired)
-    threshold = _t_quantile_interp(level, df) * se - point
-    return math.expm1(nearest_rank(threshold, 100 * power))
+    threshold = nearest_rank(t_quantile(level, df) * se - point, 100 * power)
+    # a shift beyond WIDEST_FACTOR is no figure (the first look of a long plan): None, not an overflow
+    return math.expm1(threshold) if threshold <= math.log(WIDEST_FACTOR) else None
+
+
+#: The launch spread (log sd of the launch units) assumed before any is measured: the noise the
+#: default budget is sized for (docs/statistics.md "Budget").
+PRIOR_LAUNCH_SD = 0.05
+#: The shift the budget is sized to find with POWER
+TARGET_SHIFT = 0.05
+
+
+@functools.lru_cache(maxsize=64)
+def rounds_needed(sd_a: float, sd_b: float, shift: float = TARGET_SHIFT, *, sequential: bool = True,
+                  alpha: float = DEFAULT_ALPHA, budget: int = DEFAULT_MAX_ROUNDS, most: int = 64) -> int | None:
+    """Fewest rounds N (launches per arm) whose last look finds a true ``shift`` with POWER at
+    launch spreads ``sd_a``, ``sd_b`` — at the level an N-round sequential plan gives its last
+    look, or at ``alpha`` for a fixed comparison; None beyond ``most``. The detectable shift falls
+    with N, so bisection finds N. A sequential plan's last look is stricter than ``alpha``, so the
+    fixed answer (no plan to integrate) bounds the sequential one from below; each sequential N
+    tried costs N − 1 numerical integrations, which the bound and ``budget`` (a plan computed
+    anyway) keep to a few."""
+    def mde_at(n: int, seq: bool) -> float | None:
+        return min_detectable(sd_a, sd_b, n, n, spending_levels(sequential_looks(n), alpha)[-1] if seq else alpha)
+
+    def reaches(n: int, seq: bool) -> bool:
+        mde = mde_at(n, seq)
+        return mde is not None and mde <= shift
+
+    if not reaches(most, False):
+        return None
+    fixed = _first(lambda n: reaches(n, False), MIN_LAUNCHES - 1, most)
+    if not sequential:
+        return fixed
+    # the budget's plan when it may be enough, else a quarter more than the fixed answer (the last
+    # look of a long plan is at about 0.03 for 0.05: some 15-20 % more rounds), growing from there
+    lo, hi = fixed - 1, budget if fixed <= budget <= 2 * fixed else min(-(-5 * fixed // 4), most)
+    while not reaches(hi, True):
+        if hi >= most:
+            return None
+        lo, hi = hi, min(-(-5 * hi // 4), most)
+    return _first(lambda n: reaches(n, True), lo, hi)
+
+
+def _first(ok: Callable[[int], bool], lo: int, hi: int) -> int:
+    """Smallest n in (lo, hi] with ``ok(n)``, for a monotone ``ok`` that holds at hi (bisection)."""
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
 
 
 def one_launch_reason(n_a: int, n_b: int) -> str | None:
@@ -467,19 +477,64 @@ class Verdict(msgspec.Struct, frozen=True):
     #: baseline against itself (even vs odd launches), the same interval: a diagnostic, not a floor
     aa: Interval | None
     gate_passed: bool | None
-    #: shift detectable with 80 % power at this look's spread and level
+    #: shift detectable with 80 % power at this look's spread and level (None: beyond WIDEST_FACTOR)
     mde: float | None = None
     #: the session-level interval, for a single launch: describes it, decides nothing
     within_launch: Interval | None = None
+    #: False for a "no verdict" that more launches can change (one launch, an interval too wide
+    #: to state): a sequential comparison keeps looking
+    final: bool = True
+
+
+def decimals(width: float, most: int = 4) -> int:
+    """Decimals that show a figure to the resolution its interval supports: two significant
+    digits of the interval's width (0.1 wide → 0.01, 0.001 wide → 0.0001), at least 0, at most ``most``."""
+    if not width > 0 or not math.isfinite(width):
+        return most
+    return min(max(1 - math.floor(math.log10(width)), 0), most)
+
+
+def too_wide_text(iv: Interval) -> str:
+    return (f"interval wider than ×/÷{WIDEST_FACTOR:g} (t = {float(t_quantile(1 - iv.confidence, iv.df)):.2g} "
+            f"at {iv.df:.2g} df, level {1 - iv.confidence:.2g})")
+
+
+def level_text(confidence: float) -> str:
+    """``95 % interval``; at an early look's tiny level, the level itself (99.9999999989 % reads as 100)."""
+    return f"{100 * confidence:.6g} % interval" if confidence <= 0.9999 else f"interval at level {1 - confidence:.2g}"
+
+
+def ratio_text(iv: Interval) -> str:
+    """``0.975 [0.941, 1.010]``, rounded to what the interval supports; an interval too wide to state says so."""
+    if iv.low is None or iv.high is None:
+        return "no verdict: " + too_wide_text(iv)
+    d = decimals(iv.high - iv.low)
+    return f"{iv.value:.{d}f} [{iv.low:.{d}f}, {iv.high:.{d}f}]"
+
+
+def _exp(x: float) -> float:
+    return math.exp(min(x, 709.0))  # the point of a ratio: finite for any data a run can give
 
 
 def _ab_interval(ua: np.ndarray, ub: np.ndarray, level: float, paired: bool, kind: str, margin: float) -> tuple[Interval, int]:
     point, se, df = log_ratio(ua, ub, paired)
     code, low, high = decide(point, se, df, level, margin)
     sd_a, sd_b = (0.0, float(np.std(ub - ua, ddof=1))) if paired else (float(np.std(ua, ddof=1)), float(np.std(ub, ddof=1)))
-    iv = Interval(math.exp(float(point)), math.exp(float(low)), math.exp(float(high)), 1 - level, float(se), float(df),
-                  ua.shape[-1], ub.shape[-1], kind, paired, sd_a, sd_b)
+    stated = int(code) != UNBOUNDED
+    iv = Interval(_exp(float(point)), _exp(float(low)) if stated else None, _exp(float(high)) if stated else None,
+                  1 - level, float(se), float(df), ua.shape[-1], ub.shape[-1], kind, paired, sd_a, sd_b,
+                  _exp(float(ua.mean())), _exp(float(ub.mean())))
     return iv, int(code)
+
+
+def _reason(ab: Interval, aa: Interval | None, code: int, margin: float) -> str:
+    over = f"({level_text(ab.confidence)} over {ab.n_a}+{ab.n_b} launches)"
+    if code == UNBOUNDED:
+        return f"{too_wide_text(ab)} {over}; more launches narrow it"
+    why = {1: "below 1", 2: "above 1", 3: f"within 1 ± {margin:g}", 0: f"crosses 1 and reaches beyond 1 ± {margin:g}"}[code]
+    drift = aa is not None and aa.low is not None and not aa.low <= 1 <= aa.high
+    note = "; A/A interval excludes 1: the baseline's launches drift" if drift else ""
+    return f"ratio {ratio_text(ab)} {over} {why}{note}"
 
 
 def judge_ab(
@@ -498,7 +553,7 @@ def judge_ab(
     xa, xb = pad_launches(baseline), pad_launches(candidate)
     ua, ub = units(xa), units(xb)
     keep_a, keep_b = np.isfinite(ua), np.isfinite(ub)
-    if paired:
+    if paired:  # a launch that lost either arm's samples leaves the pair whole
         keep_a = keep_b = keep_a & keep_b
     ua, ub = ua[keep_a], ub[keep_b]
     if gate_passed is not True:
@@ -511,14 +566,10 @@ def judge_ab(
         sa, sb = sa[np.isfinite(sa)], sb[np.isfinite(sb)]
         if min(sa.size, sb.size) >= 2:
             within = _ab_interval(sa, sb, DEFAULT_ALPHA, False, "session", margin)[0]
-        return Verdict("no verdict", short, None, None, gate_passed, within_launch=within)
+        return Verdict("no verdict", short, None, None, gate_passed, within_launch=within, final=False)
     ab, code = _ab_interval(ua, ub, level, paired, "launch", margin)
     aa = None
     if ua.size >= 2 * MIN_LAUNCHES:
         aa = _ab_interval(ua[0::2], ua[1::2], DEFAULT_ALPHA, False, "launch", margin)[0]
-    name = _NAMES[code]
-    ci = f"ratio {ab.value:.4f} [{ab.low:.4f}, {ab.high:.4f}] ({100 * ab.confidence:.6g} % interval over {ab.n_a}+{ab.n_b} launches)"
-    why = {1: "below 1", 2: "above 1", 3: f"within 1 ± {margin:g}", 0: f"crosses 1 and reaches beyond 1 ± {margin:g}"}[code]
-    note = "" if aa is None or aa.low <= 1 <= aa.high else "; A/A interval excludes 1: the baseline's launches drift"
     mde = min_detectable(ab.sd_a, ab.sd_b, ab.n_a, ab.n_b, level, paired=paired)
-    return Verdict(name, f"{ci} {why}{note}", ab, aa, gate_passed, mde)
+    return Verdict(_NAMES[code], _reason(ab, aa, code, margin), ab, aa, gate_passed, mde, final=code != UNBOUNDED)

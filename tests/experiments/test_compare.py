@@ -13,6 +13,7 @@ import pytest
 from harness.cli import main
 from harness.drivers.procwatch import wait_gone
 from harness.experiments import compare as C
+from harness.measure import stats as S
 
 from helpers.procs import run_segments
 
@@ -33,9 +34,13 @@ def test_compare_h5a_runs_interleaved_rounds_and_writes_the_gate_and_table(h5a_c
     for r in rows.values():
         assert r["ab"]["n_sessions"] == 8  # 2 measured sessions per launch, 2 launches per arm
         assert r["ab"]["launches"] == [2, 2] and r["ab"]["confidence"] == pytest.approx(0.95)
-        assert r["ab"]["low"] <= r["ab"]["value"] <= r["ab"]["high"] and r["mde"] > 0
+        assert r["candidate_ms"] / r["baseline_ms"] == pytest.approx(r["ab"]["value"])  # the columns are the ratio's units
+        if r["ab"]["low"] is None:  # CPU launches that disagree by more than ×/÷10 over t(1-2 df): no figure
+            assert r["verdict"] == "no verdict" and r["pending"] and r["mde"] is None
+        else:
+            assert r["ab"]["low"] <= r["ab"]["value"] <= r["ab"]["high"] and (r["mde"] is None or r["mde"] > 0)
+            assert r["verdict"] in ("faster", "slower", "equivalent", "no resolvable difference")
         assert r["aa"] is None and r["noise_floor"] is None  # an A/A check needs ≥ 4 rounds; no floor any more
-        assert r["verdict"] in ("faster", "slower", "equivalent", "no resolvable difference")
     assert rows["cpu_ready"]["candidate_samples"] == 8  # 2 steady intervals (chunks 5-6) per session
     assert res["verdict"] == rows["cpu_ready"]["verdict"]
     assert "each launch" in res["method"] and res["schema"] == 2
@@ -43,10 +48,10 @@ def test_compare_h5a_runs_interleaved_rounds_and_writes_the_gate_and_table(h5a_c
     assert q["looks"] == [2] and q["levels"] == [0.05] and q["rounds"] == 2 and res["rounds_requested"] == 2
     assert q["outcome"] in ("faster after 2 rounds", "slower after 2 rounds", "equivalent after 2 rounds",
                             "unresolved at the maximum of 2 rounds")
-    assert q["mde_before"] == pytest.approx(q["mde_after"]) and q["mde_after"] > 0  # the budget is the rounds run
+    assert q["mde_before"] == q["mde_after"]  # the budget is the rounds run
     md = (out / "compare.md").read_text()
-    assert "| metric | baseline | candidate | ratio | interval | launches |" in md
-    assert "pass (exact)" in md and "| 2+2 |" in md and "minimum detectable effect (80 % power)" in md
+    assert "| metric | baseline | candidate | ratio [interval] | launches |" in md and "{" not in md
+    assert "gate (exact): pass" in md and "| 2+2 |" in md and "minimum detectable effect (80 % power)" in md
     for arm, sched in (("A", "case-d"), ("B", "case-e")):
         man = json.loads((out / f"round1-{arm}" / "manifest.json").read_text())
         assert man["scheduler"] == sched and man["protocol"]["name"] == "timing"
@@ -161,6 +166,9 @@ def test_plan_levels_and_the_budget_mde():
     row = C.compare_metric("m", "cpu_ready", [[[100, 101]], [[99, 100]]], [[[90, 91]], [[92, 90]]], True, seq.level(2))
     before = seq.mde_for_budget(row, 2)
     assert 0 < before < row.mde  # five rounds resolve less than two do
+    # the budget's MDE is that of its last look (5 launches per arm at that look's level), not the current look's
+    assert before == S.min_detectable(*row.ab.sd_log, 5, 5, seq.level(5))
+    assert before < S.min_detectable(*row.ab.sd_log, 5, 5, seq.level(3))
 
 
 def test_until_resolved_stops_at_the_first_decisive_look(monkeypatch, tmp_path):
@@ -192,7 +200,10 @@ def test_until_resolved_stops_at_the_first_decisive_look(monkeypatch, tmp_path):
                         log=logs.append)
     # the budget is said before the first launch, its time after the first round, the MDE at the first look
     assert logs[0].startswith("until resolved: at most 6 rounds (12 launches); looks after rounds 2–6")
-    assert logs[1].startswith("the first round took") and "6 rounds take about" in logs[1]
+    # the rounds a 5 % shift needs, from the stated prior, against the budget, before any launch
+    assert logs[1].startswith("a 5 % shift needs ") and "(the prior, before any launch is measured)" in logs[1]
+    assert logs[1].endswith("beyond the budget of 6 rounds")
+    assert logs[2].startswith("the first round took") and "6 rounds take about" in logs[2]
     assert [x.split(":")[0] for x in logs if x.startswith("look after")] == [f"look after {n} rounds" for n in (2, 3, 4)]
     assert sum("minimum detectable effect" in x and "with all 6 rounds" in x for x in logs) == 1
     assert launched == [0, 1, 2, 3]  # looks after rounds 2, 3, 4: decisive at the third

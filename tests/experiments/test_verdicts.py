@@ -49,7 +49,8 @@ def test_an_ab_engine_verdict_keeps_its_gate_and_setting():
     assert v.gate == "exact pass (28 chunks)" and v.ratio == 0.8967 and v.baseline_ms == 2319.0
     assert v.setting == "compiled, 40 layers, SP=2, 3 launch(es) × 4 pairs × 7 chunks"
     line = V.table([v]).splitlines()[2]
-    assert "| 0.8967 | [0.8900, 0.9000] (launch-level t) | 3 | — | 1.23 % | **faster** |" in line
+    # rounded to the interval's width (0.01 wide: three decimals), the ms columns to match
+    assert "| 2319 ms | 2080 ms | 0.897 | [0.890, 0.900] (launch-level t) | 3 | — | 1.2 % | **faster** |" in line
 
 
 def test_one_launch_is_no_verdict_whatever_was_recorded():

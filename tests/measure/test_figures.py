@@ -46,3 +46,21 @@ def test_every_figure_field_of_the_summary_is_defined():
 
 def test_the_readme_reproduces_the_table():
     assert "\n".join(F.table_md()) in README.read_text()
+
+
+def test_a_label_two_figures_share_is_ambiguous_not_the_first(monkeypatch):
+    first = F._TABLE[1]
+    twin = msgspec.structs.replace(first, name=first.name + "_twin", by_scheduler={})
+    monkeypatch.setattr(F, "_TABLE", (*F._TABLE, twin))
+    with pytest.raises(KeyError, match="ambiguous"):
+        F.resolve(first.label)
+
+
+def test_a_header_aligns_numbers_right_and_words_left():
+    names = [n for n in F.FIGURES][:12]
+    head, rule = F.header(names)
+    assert head == "| " + " | ".join(F.label(n) for n in names) + " |"
+    cells = rule.strip("|").split("|")
+    assert len(cells) == len(names)
+    assert cells == ["---" if F.define(n).unit == "—" else "---:" for n in names]
+    assert {"---", "---:"} <= set(cells)  # both kinds occur in the columns tested

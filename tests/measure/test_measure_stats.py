@@ -273,3 +273,82 @@ def test_the_vectorised_path_is_the_scalar_verdict():
                                    S.DEFAULT_MARGIN)
         assert v.verdict == {0: "no resolvable difference", 1: "faster", 2: "slower", 3: "equivalent"}[int(code)]
         assert (v.ab.low, v.ab.high) == pytest.approx((math.exp(low), math.exp(high)))
+
+
+# ---- seeded-bug survivors of the second hostile pass, each with a test that fails on it ----------
+
+
+def _steady(rng, medians, sessions=2, chunks=4, noise=1e-4):
+    """Launches whose units are ``medians`` to within ``noise``."""
+    return [[list(m * np.exp(rng.normal(0, noise, chunks))) for _ in range(sessions)] for m in medians]
+
+
+def test_a_small_real_gain_inside_the_margin_is_faster_not_equivalent():
+    lo, hi = math.log1p(-0.02), math.log1p(0.02)
+    codes = S.classify(np.array([-0.015, 0.005, -0.01]), np.array([-0.005, 0.015, 0.01]), 0.02)
+    assert codes.tolist() == [1, 2, 3] and lo < -0.015 and 0.015 < hi
+    rng = np.random.default_rng(21)
+    v = S.judge_ab(_steady(rng, [100, 100.2, 99.8]), _steady(rng, [99, 99.2, 98.8]), gate_passed=True)
+    assert v.verdict == "faster" and 0.98 < v.ab.low < v.ab.high < 1
+
+
+def test_paired_launches_drop_a_launch_from_both_arms():
+    rng = np.random.default_rng(22)
+    a = _steady(rng, [100, 120, 90])
+    b = _steady(rng, [97, 116, 87])
+    b[1] = [[] for _ in b[1]]  # the candidate's second launch recorded nothing
+    v = S.judge_ab(a, b, gate_passed=True, paired=True)
+    assert (v.ab.n_a, v.ab.n_b) == (2, 2) and v.ab.paired
+    assert v.ab.value == pytest.approx(math.sqrt(0.97 * 87 / 90), rel=1e-3)  # launches 0 and 2, paired
+    assert v.verdict == "faster"
+
+
+def test_the_aa_check_compares_even_launches_with_odd_ones_and_names_drift():
+    rng = np.random.default_rng(23)
+    base = _steady(rng, [100, 110] * 3)  # odd launches 10 % slower: the baseline drifts
+    v = S.judge_ab(base, _steady(rng, [105] * 6), gate_passed=True)
+    assert (v.aa.n_a, v.aa.n_b) == (3, 3) and v.aa.value == pytest.approx(1.1, rel=1e-3)
+    assert "A/A interval excludes 1: the baseline's launches drift" in v.reason
+    steady = S.judge_ab(_steady(rng, [100] * 6, noise=0.01), _steady(rng, [105] * 6), gate_passed=True)
+    assert "drift" not in steady.reason and steady.aa.low <= 1 <= steady.aa.high
+
+
+def test_an_interval_too_wide_to_state_is_no_verdict_that_keeps_looking():
+    rng = np.random.default_rng(24)
+    first = S.spending_levels(S.sequential_looks(S.DEFAULT_MAX_ROUNDS))[0]
+    v = S.judge_ab(_steady(rng, [600, 640]), _steady(rng, [610, 650]), gate_passed=True, level=first)
+    assert v.verdict == "no verdict" and not v.final and v.mde is None
+    assert v.ab.low is None and v.ab.high is None and "interval wider than ×/÷10" in v.reason
+    assert S.min_detectable(0.05, 0.05, 2, 2, first) is None
+    wide = S.judge_ab(_steady(rng, [1000, 1100]), _steady(rng, [900, 2000]), gate_passed=True)  # 2 + 2 launches at 5 %
+    assert wide.verdict == "no verdict" and wide.ab.low is None
+    assert S.ratio_text(wide.ab).startswith("no verdict: interval wider than ×/÷10 (t = 12 at 1 df, level 0.05)")
+
+
+def test_figures_are_rounded_to_the_width_of_their_interval():
+    assert [S.decimals(w) for w in (50.0, 5.0, 0.5, 0.1, 0.012, 0.001, 1e-7, 0.0)] == [0, 1, 2, 2, 3, 4, 4, 4]
+    iv = S.Interval(0.97481, 0.91234, 1.04123, 0.95, 0.03, 4.0, 3, 3, "launch")
+    assert S.ratio_text(iv) == "0.97 [0.91, 1.04]"
+
+
+def test_the_default_budget_reaches_a_five_percent_shift_at_the_prior_noise():
+    n = S.rounds_needed(S.PRIOR_LAUNCH_SD, S.PRIOR_LAUNCH_SD)
+    assert n is not None and n <= S.DEFAULT_MAX_ROUNDS
+    last = lambda k: S.spending_levels(S.sequential_looks(k))[-1]  # noqa: E731
+    assert S.min_detectable(S.PRIOR_LAUNCH_SD, S.PRIOR_LAUNCH_SD, n, n, last(n)) <= S.TARGET_SHIFT
+    assert S.min_detectable(S.PRIOR_LAUNCH_SD, S.PRIOR_LAUNCH_SD, n - 1, n - 1, last(n - 1)) > S.TARGET_SHIFT
+    fixed = S.rounds_needed(S.PRIOR_LAUNCH_SD, S.PRIOR_LAUNCH_SD, sequential=False)
+    assert S.min_detectable(S.PRIOR_LAUNCH_SD, S.PRIOR_LAUNCH_SD, fixed, fixed, 0.05) <= S.TARGET_SHIFT
+    assert S.min_detectable(S.PRIOR_LAUNCH_SD, S.PRIOR_LAUNCH_SD, fixed - 1, fixed - 1, 0.05) > S.TARGET_SHIFT
+
+
+def test_student_t_from_scipy_against_mpmath():
+    # the regularised incomplete beta in 40-digit arithmetic: P(|T| ≥ q) = I_{df/(df+q²)}(df/2, 1/2)
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 40
+    for p, df in ((0.05, 2.5), (0.01, 3.7), (0.05, 17.3), (1.12e-11, 1.4), (1e-6, 1.0), (0.029, 40.0)):
+        q = float(S.t_quantile(p, df))
+        x = mpmath.mpf(df) / (df + mpmath.mpf(q) ** 2)
+        ref = mpmath.betainc(mpmath.mpf(df) / 2, mpmath.mpf(1) / 2, 0, x, regularized=True)
+        assert float(ref) == pytest.approx(p, rel=1e-8), (p, df)
+        assert float(S.t_two_sided_p(q, df)) == pytest.approx(p, rel=1e-8)

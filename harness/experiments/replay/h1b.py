@@ -18,7 +18,8 @@ def _h1b_row(spec: str, path: Path, data: dict) -> dict:
     ab = (row or {}).get("ab") or {}
     return {"candidate": spec, "file": str(path), "gate": gate.get("status"), "gate_kind": gate.get("kind"),
             "verdict": data.get("verdict"), "reason": data.get("reason"), "boundary": ref,
-            "ratio": ab.get("value"), "low": ab.get("low"), "high": ab.get("high"),
+            # an interval too wide to state has no ends (stats.WIDEST_FACTOR): shown as its verdict alone
+            "ratio": ab.get("value") if ab.get("low") is not None else None, "low": ab.get("low"), "high": ab.get("high"),
             "baseline_ms": (row or {}).get("baseline_ms"), "candidate_ms": (row or {}).get("candidate_ms")}
 
 
