@@ -38,7 +38,7 @@ from harness.errors import HarnessError
 from harness.measure.clock import now
 from harness.measure.figures import console_table
 from harness.measure.interaction import (LATENCY_COLUMNS, PARTS_COLUMNS, A2PSummary, ChunkRecord, EventRecord,
-                                         InteractionLog, latency_cells, parts_cells, summarize)
+                                         InteractionLog, invariants, latency_cells, parts_cells, summarize)
 from harness.pipeline.decode import decode_pyav
 from harness.pipeline.sinks import ensure_writable_dir
 from harness.serving import protocol as W
@@ -529,6 +529,11 @@ def main(args: argparse.Namespace) -> int:
                     failed.append(r)
                 elif r.media_path:
                     print(f"  session {r.session}: {r.media_path} decodes to the {len(r.frame_sha256)} frames sent")
+    for r in reports:
+        for name, problems in invariants(r.interaction) if r.interaction is not None and r.outcome == "complete" else ():
+            if problems:
+                print(f"  session {r.session}: {name}: broken: {'; '.join(problems[:5])}")
+                failed.append(r)
     if out is not None:
         (out / "client.json").write_bytes(msgspec.json.format(msgspec.json.encode(
             [msgspec.structs.asdict(r) | {"frame_sha256": r.frame_sha256} for r in reports]), indent=1))
