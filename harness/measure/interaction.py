@@ -169,7 +169,8 @@ def invariants(log: InteractionLog) -> list[tuple[str, list[str]]]:
               if c.applied and c.delivered_ns is not None and c.boundary_ns is None]
     two_phase = [f"{e.event_id}: applied at chunk {where[e.event_id][0]} announced before its queued receipt"
                  for e in log.events if e.event_id in where and e.queued_ns is not None
-                 and (by_chunk[where[e.event_id][0]].header_ns or 0) < e.queued_ns]
+                 and by_chunk[where[e.event_id][0]].header_ns is not None
+                 and by_chunk[where[e.event_id][0]].header_ns < e.queued_ns]
     order = [e for e in log.events if e.event_id in where]
     disorder = [f"{a.event_id} (chunk {where[a.event_id][0]}) sent before {b.event_id} (chunk {where[b.event_id][0]})"
                 for a, b in zip(order, order[1:]) if where[a.event_id][0] > where[b.event_id][0]]
