@@ -29,7 +29,7 @@ from pathlib import Path
 
 import msgspec
 
-from harness.engine.camera import normalize_action
+from harness.engine.keys import normalize_action
 from harness.errors import HarnessError
 
 BUILT_IN = ("hold-and-turn", "taps", "random:SEED")
@@ -42,7 +42,7 @@ MAX_ID_CHARS = 64
 
 class TraceEvent(msgspec.Struct, frozen=True):
     t_s: float  # seconds after the session started (the client's receipt of ``started``)
-    keys: str  # canonical (camera.KEYS order); "" releases every key
+    keys: str  # canonical (keys.KEYS order); "" releases every key
     event_id: str
 
 

@@ -47,7 +47,7 @@ from harness.drivers.driver import SessionControl
 from harness.drivers.options import resolve_config
 from harness.drivers.serve import ServeOptions, explain_failure, serve
 from harness.drivers.signals import install as install_stop
-from harness.engine.camera import normalize_action, validate_actions
+from harness.engine.keys import normalize_action, validate_actions
 from harness.errors import HarnessError
 from harness.hooks import parse_hooks
 from harness.limits import session_frames_error
