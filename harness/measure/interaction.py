@@ -130,10 +130,12 @@ def floor_ms(boundaries: list[int | None], pipelines_ns: list[int]) -> tuple[flo
 
 
 def summarize(log: InteractionLog) -> A2PSummary:
-    joined = [(e, c) for e, c in _joined(log) if c.delivered_ns is not None]
-    boundaries = [c.boundary_ns for c in sorted(log.chunks, key=lambda c: c.chunk)]
-    on_time = [e for e, c in _joined(log) if e.received_ns is not None
-               and next_boundary(boundaries, e.received_ns) == c.chunk]
+    everywhere = _joined(log)
+    joined = [(e, c) for e, c in everywhere if c.delivered_ns is not None]
+    ordered = sorted(log.chunks, key=lambda c: c.chunk)
+    boundaries = [c.boundary_ns for c in ordered]
+    on_time = [e for e, c in everywhere if e.received_ns is not None
+               and (k := next_boundary(boundaries, e.received_ns)) is not None and ordered[k].chunk == c.chunk]
     applied = len(applied_at(log))
     parts = [event_parts(e, c, log.same_clock) for e, c in joined]
     means = {}
@@ -150,37 +152,46 @@ def summarize(log: InteractionLog) -> A2PSummary:
         floor_ms=floor)
 
 
+def _applied_once(log: InteractionLog, where: dict[str, list[int]]) -> list[str]:
+    sent = {e.event_id for e in log.events}
+    out = [f"{eid} applied at chunks {cs}" for eid, cs in where.items() if len(cs) > 1]
+    out += [f"{eid} applied but never sent" for eid in where if eid not in sent]
+    out += [f"{e.event_id} neither applied nor answered late" for e in log.events if e.event_id not in where and not e.late]
+    return out + [f"{e.event_id} answered late but applied at chunk {where[e.event_id]}" for e in log.events
+                  if e.late and e.event_id in where]
+
+
+def _in_order(log: InteractionLog, where: dict[str, list[int]]) -> list[str]:
+    """The applied ids, chunk by chunk in arrival order, must be the sent events in send order."""
+    sent = [e.event_id for e in log.events if e.event_id in where]
+    applied = list(dict.fromkeys(eid for c in sorted(log.chunks, key=lambda c: c.chunk) for eid in c.applied))
+    if applied == sent:
+        return []
+    k = next(i for i, (a, b) in enumerate(zip(applied + [None], sent + [None])) if a != b)
+    return [f"applied order departs from the send order at event {k}: {applied[k:k + 3]} vs {sent[k:k + 3]}"]
+
+
 def invariants(log: InteractionLog) -> list[tuple[str, list[str]]]:
     """The player session's invariants, each with its problems (none: it holds)."""
     where = applied_at(log)
     by_chunk = {c.chunk: c for c in log.chunks}
-    sent = {e.event_id for e in log.events}
-    once = [f"{eid} applied at chunks {cs}" for eid, cs in where.items() if len(cs) > 1]
-    once += [f"{eid} applied but never sent" for eid in where if eid not in sent]
-    once += [f"{e.event_id} neither applied nor answered late" for e in log.events if e.event_id not in where and not e.late]
-    once += [f"{e.event_id} answered late but applied at chunk {where[e.event_id]}" for e in log.events
-             if e.late and e.event_id in where]
+    chunk_of = {e.event_id: by_chunk[where[e.event_id][0]] for e in log.events if e.event_id in where}
     receipts = [f"{e.event_id}: no queued receipt" for e in log.events if e.queued_ns is None or e.received_ns is None]
-    early = [f"{e.event_id} received at {e.received_ns} but applied at chunk {where[e.event_id][0]} whose boundary "
-             f"is {by_chunk[where[e.event_id][0]].boundary_ns}" for e in log.events
-             if e.event_id in where and e.received_ns is not None and by_chunk[where[e.event_id][0]].boundary_ns is not None
-             and not by_chunk[where[e.event_id][0]].boundary_ns >= e.received_ns]
+    early = [f"{e.event_id} received at {e.received_ns} but applied at chunk {c.chunk} whose boundary is {c.boundary_ns}"
+             for e in log.events if (c := chunk_of.get(e.event_id)) and e.received_ns is not None
+             and c.boundary_ns is not None and c.boundary_ns < e.received_ns]
     early += [f"chunk {c.chunk} was delivered without its boundary time" for c in log.chunks
               if c.applied and c.delivered_ns is not None and c.boundary_ns is None]
-    two_phase = [f"{e.event_id}: applied at chunk {where[e.event_id][0]} announced before its queued receipt"
-                 for e in log.events if e.event_id in where and e.queued_ns is not None
-                 and by_chunk[where[e.event_id][0]].header_ns is not None
-                 and by_chunk[where[e.event_id][0]].header_ns < e.queued_ns]
-    order = [e for e in log.events if e.event_id in where]
-    disorder = [f"{a.event_id} (chunk {where[a.event_id][0]}) sent before {b.event_id} (chunk {where[b.event_id][0]})"
-                for a, b in zip(order, order[1:]) if where[a.event_id][0] > where[b.event_id][0]]
+    two_phase = [f"{e.event_id}: applied at chunk {c.chunk}, announced before its queued receipt" for e in log.events
+                 if (c := chunk_of.get(e.event_id)) and e.queued_ns is not None and c.header_ns is not None
+                 and c.header_ns < e.queued_ns]
     undelivered = [f"chunk {c.chunk} applied {len(c.applied)} events and was never delivered" for c in log.chunks
                    if c.applied and c.delivered_ns is None]
-    return [("every event applied exactly once (or answered as arriving after the last boundary)", once),
+    return [("every event applied exactly once (or answered as arriving after the last boundary)", _applied_once(log, where)),
             ("every event got its queued receipt", receipts),
             ("receipts two-phase: queued, then applied at chunk k", two_phase),
             ("no event applied at a boundary before it arrived", early),
-            ("events applied in the order they were sent", disorder),
+            ("events applied in the order they were sent", _in_order(log, where)),
             ("every chunk that applied an event was delivered", undelivered)]
 
 

@@ -38,7 +38,7 @@ def _one_arm(report: Report, label: str, serve_args: list[str], p: Params, out: 
     finally:
         workers = server.workers()
         rc = server.stop()
-    check_stopped_cleanly(report, server, workers, rc)
+    check_stopped_cleanly(report, server, workers, rc, label)
     if not report.check(f"{label}: the player session completes", rep.outcome == "complete" and rep.interaction is not None,
                         rep.error or rep.outcome):
         return None
