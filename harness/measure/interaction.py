@@ -79,6 +79,39 @@ class A2PSummary(msgspec.Struct, frozen=True, kw_only=True):
     floor_ms: float | None
 
 
+class EventOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """One event, end to end: sent, queued, applied at chunk k, that chunk's first frame delivered and played."""
+
+    event_id: str
+    keys: str
+    sent_ns: int  # client
+    queued_ns: int | None  # client
+    received_ns: int | None  # server
+    late: bool
+    chunk: int | None  # applied at (None: late, or never applied)
+    boundary_ns: int | None  # server
+    delivered_ns: int | None  # client
+    playout_ns: int | None  # client
+    delivery_ms: float | None  # action-to-photon at delivery
+    playout_ms: float | None  # action-to-photon at playout
+
+
+def outcomes(log: InteractionLog) -> list[EventOutcome]:
+    """Every sent event joined with the (first) chunk that applied it."""
+    where = applied_at(log)
+    by_chunk = {c.chunk: c for c in log.chunks}
+    out = []
+    for e in log.events:
+        c = by_chunk[where[e.event_id][0]] if e.event_id in where else ChunkRecord(chunk=-1)
+        d, p = c.delivered_ns, c.playout_ns
+        out.append(EventOutcome(event_id=e.event_id, keys=e.keys, sent_ns=e.sent_ns, queued_ns=e.queued_ns,
+                                received_ns=e.received_ns, late=e.late, chunk=None if c.chunk < 0 else c.chunk,
+                                boundary_ns=c.boundary_ns, delivered_ns=d, playout_ns=p,
+                                delivery_ms=None if d is None else (d - e.sent_ns) / MS,
+                                playout_ms=None if p is None else (p - e.sent_ns) / MS))
+    return out
+
+
 def applied_at(log: InteractionLog) -> dict[str, list[int]]:
     """Every event id the chunks name, with every chunk that names it (one, if the rule holds)."""
     out: dict[str, list[int]] = {}

@@ -37,8 +37,9 @@ from harness.drivers.trajectory import actions_for
 from harness.errors import HarnessError
 from harness.measure.clock import now
 from harness.measure.figures import console_table
-from harness.measure.interaction import (LATENCY_COLUMNS, PARTS_COLUMNS, A2PSummary, ChunkRecord, EventRecord,
-                                         InteractionLog, invariants, latency_cells, parts_cells, summarize)
+from harness.measure.interaction import (LATENCY_COLUMNS, PARTS_COLUMNS, A2PSummary, ChunkRecord, EventOutcome,
+                                         EventRecord, InteractionLog, invariants, latency_cells, outcomes, parts_cells,
+                                         summarize)
 from harness.pipeline.decode import decode_pyav
 from harness.pipeline.sinks import ensure_writable_dir
 from harness.serving import protocol as W
@@ -143,6 +144,7 @@ class SessionReport(msgspec.Struct):
     header_ns: list[int] = []  # when each header was read (client clock)
     interaction: InteractionLog | None = None  # player sessions: per event and per chunk
     a2p: A2PSummary | None = None
+    a2p_events: list[EventOutcome] = []  # per event: sent, queued, applied at chunk k, delivered, played
 
     @property
     def frame_sha256(self) -> list[str]:
@@ -382,6 +384,7 @@ class _Viewer:
         if opts.player:
             rep.interaction = self.interaction_log(first_frame_playout(arrivals, fps, pre))
             rep.a2p = summarize(rep.interaction)
+            rep.a2p_events = outcomes(rep.interaction)
 
     def interaction_log(self, plays: list[int]) -> InteractionLog:
         """The frozen records of a player session: what was sent and receipted, what each chunk applied."""

@@ -65,6 +65,15 @@ def test_the_parts_sum_to_the_whole_event_by_event_and_in_the_mean():
     assert s.parts_ms["transport"] == 5.0 and s.parts_ms["buffer"] == 20.0
 
 
+def test_each_event_end_to_end():
+    late = EventRecord(event_id="z", keys="", planned_ns=0, sent_ns=390 * MS, received_ns=391 * MS, queued_ns=392 * MS,
+                       late=True)
+    log = msgspec.structs.replace(good_log(), events=good_log().events + (late,))
+    got = {o.event_id: o for o in I.outcomes(log)}
+    assert (got["a"].chunk, got["a"].boundary_ns, got["a"].delivery_ms, got["a"].playout_ms) == (1, 100 * MS, 175.0, 195.0)
+    assert got["c"].chunk == 2 and got["z"].late and got["z"].chunk is None and got["z"].delivery_ms is None
+
+
 def test_parts_across_two_clocks_are_not_measured():
     s = I.summarize(good_log(same_clock=False))
     assert s.parts_ms["uplink"] is None and s.parts_ms["transport"] is None and I.parts_sum_ms(s) is None

@@ -17,7 +17,7 @@ from harness.experiments.scenarios.server_process import REPO_ROOT, ServerProces
 from harness.measure.events import ChunkEvent
 from harness.measure.interaction import InteractionLog, invariants
 from harness.serving import protocol as W
-from harness.serving.client import ViewerOptions, run_session, verify_media
+from harness.serving.client import ViewerOptions, first_frame_playout, playout, run_session, verify_media
 from harness.serving.player import TraceEvent
 from harness.serving.server import ListenOptions, StreamServer, _Session
 
@@ -86,6 +86,17 @@ def test_each_mode_refuses_the_others_messages():
         assert isinstance(conn.sent[-1], W.Error) and refusal in conn.sent[-1].message and conn.errors == 1
 
 
+def test_first_frames_play_when_due_or_on_arrival_after_a_stall():
+    """fps 16 (62.5 ms a frame), prebuffer 9: chunk 0 (9 frames, t = 0) plays 0-500 ms; chunk 1 (12
+    frames) arrives at 1 s, past its 562.5 ms due time, and plays on arrival; chunk 2 arrives at
+    1.2 s, before its due time 1 s + 12 × 62.5 ms, and waits for it."""
+    arrivals = [(9, 0), (12, 1_000_000_000), (12, 1_200_000_000)]
+    assert first_frame_playout(arrivals, 16, 9) == [0, 1_000_000_000, 1_750_000_000]
+    stats = playout(arrivals, 16, 9, 0)
+    assert (stats.underruns, stats.stall_ms, stats.startup_ms) == (1, 437.5, 0.0)
+    assert first_frame_playout([], 16, 9) == []
+
+
 # ---- over a real socket ---------------------------------------------------------------------------
 #: three events at once, as the session starts, then a release: every one arrives while chunk 0
 #: is generated (Case D: boundary 1 waits for chunk 0's frames, a DiT and a VAE pass away)
@@ -128,4 +139,6 @@ def test_client_command_line_prints_and_writes_action_to_photon(server, tmp_path
     rec = json.loads((tmp_path / "out" / "client.json").read_text())[0]
     assert rec["a2p"]["events"] == 2 and rec["a2p"]["applied"] + rec["a2p"]["late"] == 2
     assert [e["event_id"] for e in rec["interaction"]["events"]] == ["e0", "e1"]
+    assert [e["event_id"] for e in rec["a2p_events"]] == ["e0", "e1"]
+    assert all(e["late"] or e["delivery_ms"] > 0 for e in rec["a2p_events"])
     msgspec.json.decode(json.dumps(rec["interaction"]), type=InteractionLog)  # the records read back typed
