@@ -54,8 +54,8 @@ from harness.limits import session_frames_error
 from harness.measure.clock import now
 from harness.measure.headline import run_headline
 from harness.serving import protocol as W
-from harness.serving.player import latest_wins
 from harness.serving.guards import DEFAULT_IDLE_TIMEOUT_S, hardening_options, origin_error, warm_up, write_token
+from harness.serving.player import latest_wins
 
 
 #: input events one player session may send (each is remembered: ids must be unique)
