@@ -33,10 +33,10 @@ import torch
 from torch import Tensor
 
 from harness.config import RAY_CHANNELS, VAE_SPATIAL
+# the keys and their validation live apart, without torch, for the client and the trace parser
+from harness.engine.keys import KEYS, normalize_action, validate_actions  # noqa: F401
 from harness.errors import HarnessError
 
-#: Production's key order; a frame's canonical form lists its keys in this order ("wj").
-KEYS = "wasdijkl"
 TRANSLATE_STEP = 0.05
 YAW_STEP_DEG = 6.0
 PITCH_STEP_DEG = 4.0
@@ -45,32 +45,6 @@ FOCAL_PX = 500.0
 #: production divides the ground-plane forward/right vectors by (norm + this), not by the norm
 DIRECTION_EPS = 1e-6
 ORTHONORMAL_TOL = 1e-3
-
-
-def normalize_action(action: object, index: int = 0) -> str:
-    """One frame's keys in canonical form (lowercase, production order) from a string of keys or
-    a list of single keys."""
-    if isinstance(action, str):
-        keys = list(action)
-    elif isinstance(action, (list, tuple)) and all(isinstance(k, str) for k in action):
-        keys = list(action)
-        if any(len(k) != 1 for k in keys):
-            raise HarnessError(f"action {index} {list(action)!r}: a list of actions holds single keys from {KEYS}")
-    else:
-        raise HarnessError(f"action {index} must be a string or a list of keys from {KEYS}, got {type(action).__name__}")
-    lower = {k.lower() for k in keys}
-    bad = sorted(lower - set(KEYS))
-    if bad:
-        raise HarnessError(f"action {index} {action!r} has invalid key(s) {''.join(bad)!r}; allowed keys: {KEYS} (either case, or none)")
-    return "".join(k for k in KEYS if k in lower)
-
-
-def validate_actions(actions: object, frames: int) -> list[str]:
-    if not isinstance(actions, (list, tuple)):
-        raise HarnessError(f"actions must be a list of {frames} frames (one per latent frame), got {type(actions).__name__}")
-    if len(actions) != frames:
-        raise HarnessError(f"expected {frames} actions (one per latent frame), got {len(actions)}")
-    return [normalize_action(a, i) for i, a in enumerate(actions)]
 
 
 @dataclass

@@ -36,9 +36,14 @@ from aiohttp import WSMsgType
 from harness.drivers.trajectory import actions_for
 from harness.errors import HarnessError
 from harness.measure.clock import now
+from harness.measure.figures import console_table
+from harness.measure.interaction import (LATENCY_COLUMNS, PARTS_COLUMNS, A2PSummary, ChunkRecord, EventOutcome,
+                                         EventRecord, InteractionLog, invariants, latency_cells, outcomes, parts_cells,
+                                         summarize)
 from harness.pipeline.decode import decode_pyav
 from harness.pipeline.sinks import ensure_writable_dir
 from harness.serving import protocol as W
+from harness.serving.player import TraceEvent, parse_trace
 
 
 class PlayStats(msgspec.Struct, frozen=True):
@@ -51,15 +56,11 @@ class PlayStats(msgspec.Struct, frozen=True):
     continuous_ratio: float | None
 
 
-def playout(arrivals: list[tuple[int, int]], fps: int, prebuffer_frames: int, t0_ns: int) -> PlayStats:
-    """``arrivals``: (frames, arrival ns) per chunk in order. Frames of a chunk arrive together."""
-    times = [t for n, t in arrivals for _ in range(n)]
-    if not times:
-        return PlayStats(0, prebuffer_frames, None, 0, 0.0, 0.0, None)
-    pre = min(max(1, prebuffer_frames), len(times))
+def _play(times: list[int], period: float, pre: int) -> tuple[list[float], float, int]:
+    """Each frame's play time (it plays when due, or on arrival after a stall), the stall time and
+    the underruns of a player that starts once ``pre`` frames have arrived."""
     start = times[pre - 1]
-    period = 1e9 / fps
-    stall, underruns, stalled_prev = 0.0, 0, False
+    stall, underruns, stalled_prev, plays = 0.0, 0, False, []
     for k, t in enumerate(times):
         due = start + k * period + stall
         if t > due:
@@ -68,9 +69,38 @@ def playout(arrivals: list[tuple[int, int]], fps: int, prebuffer_frames: int, t0
             stalled_prev = True
         else:
             stalled_prev = False
+        plays.append(start + k * period + stall)
+    return plays, stall, underruns
+
+
+def _prebuffer(times: list[int], prebuffer_frames: int) -> int:
+    return min(max(1, prebuffer_frames), len(times))
+
+
+def playout(arrivals: list[tuple[int, int]], fps: int, prebuffer_frames: int, t0_ns: int) -> PlayStats:
+    """``arrivals``: (frames, arrival ns) per chunk in order. Frames of a chunk arrive together."""
+    times = [t for n, t in arrivals for _ in range(n)]
+    if not times:
+        return PlayStats(0, prebuffer_frames, None, 0, 0.0, 0.0, None)
+    pre = _prebuffer(times, prebuffer_frames)
+    period = 1e9 / fps
+    _, stall, underruns = _play(times, period, pre)
     play = len(times) * period
-    return PlayStats(len(times), pre, (start - t0_ns) / 1e6, underruns, stall / 1e6, play / 1e6,
+    return PlayStats(len(times), pre, (times[pre - 1] - t0_ns) / 1e6, underruns, stall / 1e6, play / 1e6,
                      play / (play + stall))
+
+
+def first_frame_playout(arrivals: list[tuple[int, int]], fps: int, prebuffer_frames: int) -> list[int]:
+    """When each chunk's first frame plays in the same playout model (ns, the arrivals' clock)."""
+    times = [t for n, t in arrivals for _ in range(n)]
+    if not times:
+        return []
+    plays, _, _ = _play(times, 1e9 / fps, _prebuffer(times, prebuffer_frames))
+    firsts, k = [], 0
+    for n, _ in arrivals:
+        firsts.append(round(plays[k]))
+        k += n
+    return firsts
 
 
 @dataclass
@@ -87,6 +117,9 @@ class ViewerOptions:
     action_timeout_s: float | None = None
     out_dir: Path | None = None
     receive_timeout_s: float = 300.0
+    #: a player session: these events are sent at their own times (from ``started``), and the
+    #: server applies them at its chunk boundaries instead of asking for scripted actions
+    player: tuple[TraceEvent, ...] | None = None
 
 
 class SessionReport(msgspec.Struct):
@@ -108,6 +141,10 @@ class SessionReport(msgspec.Struct):
     t_end_ns: int = 0  # the session ended on our side (last message, error, close)
     cancel_sent_ns: int | None = None
     play: PlayStats | None = None
+    header_ns: list[int] = []  # when each header was read (client clock)
+    interaction: InteractionLog | None = None  # player sessions: per event and per chunk
+    a2p: A2PSummary | None = None
+    a2p_events: list[EventOutcome] = []  # per event: sent, queued, applied at chunk k, delivered, played
 
     @property
     def frame_sha256(self) -> list[str]:
@@ -137,6 +174,7 @@ async def _session(ws, *, preset: str, seed: int, chunks: int | None, prompt: st
     try:
         if not await v.trigger("start"):
             await v.receive_all()
+        await v.stop_player()
     finally:
         v.finish()
     return v.rep
@@ -156,6 +194,10 @@ class _Viewer:
         self.part: Path | None = None  # the media file being written (renamed into place when complete)
         self.fh = None
         self.timer: asyncio.Task | None = None
+        self.player_task: asyncio.Task | None = None
+        self.player_stop = asyncio.Event()  # set once the last chunk was announced: no boundary is left
+        self.sent_inputs: dict[str, tuple[int, int, TraceEvent]] = {}  # id → (planned, sent, event)
+        self.queued: dict[str, tuple[int, W.Queued]] = {}  # id → (receipt read, receipt)
 
     async def send(self, msg) -> None:
         await self.ws.send_str(W.encode(msg))
@@ -164,7 +206,7 @@ class _Viewer:
         opts = self.opts
         self.rep.t_start_ns = now()
         await self.send(W.Start(preset=preset, seed=self.seed, prompt=prompt, chunks=chunks, boot_id=W.boot_id(),
-                                action_timeout_s=opts.action_timeout_s))
+                                action_timeout_s=opts.action_timeout_s, input="player" if opts.player else "script"))
         for point in (opts.cancel_at, opts.disconnect_at):
             if point and point.startswith("after:"):
                 self.timer = asyncio.create_task(self.after(float(point.split(":", 1)[1])))
@@ -185,6 +227,30 @@ class _Viewer:
                 continue
             self.sent_actions.add(c)
             await self.send(W.Actions(chunk=c, actions=actions_for(self.seed, c, self.frames_per_chunk)))
+
+    async def play(self, t0: int) -> None:
+        """Send the trace's events at their own times, whatever the chunks are doing."""
+        for ev in self.opts.player or ():
+            planned = t0 + round(ev.t_s * 1e9)
+            wait = (planned - now()) / 1e9
+            if wait > 0:
+                try:
+                    await asyncio.wait_for(self.player_stop.wait(), wait)
+                except asyncio.TimeoutError:
+                    pass
+            if self.player_stop.is_set():
+                return
+            sent = now()
+            self.sent_inputs[ev.event_id] = (planned, sent, ev)
+            await self.send(W.Input(event_id=ev.event_id, keys=ev.keys, sent_ns=sent))
+
+    async def stop_player(self) -> None:
+        self.player_stop.set()
+        if self.player_task is not None:
+            try:
+                await self.player_task
+            except (ConnectionError, RuntimeError):
+                pass  # the connection went away mid-send: the report says how the session ended
 
     async def trigger(self, point: str) -> bool:
         """True when the session is over on our side (we disconnected)."""
@@ -230,8 +296,13 @@ class _Viewer:
             return await self.on_started(msg)
         if isinstance(msg, W.NeedActions):
             await self.send_actions(msg.chunk + self.opts.lookahead - 1)
+        elif isinstance(msg, W.Queued):
+            self.queued[msg.event_id] = (now(), msg)
         elif isinstance(msg, W.ChunkHeader):
             self.pending = msg
+            rep.header_ns.append(now())
+            if rep.started is not None and msg.chunk >= rep.started.chunks - 1:
+                self.player_stop.set()  # its boundary has passed: anything sent now would be late
             return await self.trigger(f"header:{msg.chunk}")
         elif isinstance(msg, W.Ended):
             rep.ended = msg
@@ -253,7 +324,10 @@ class _Viewer:
             opts.out_dir.mkdir(parents=True, exist_ok=True)
             self.part = opts.out_dir / f"session{msg.session}.mkv.part"
             self.fh = open(self.part, "wb")
-        await self.send_actions(opts.lookahead - 1)
+        if opts.player:
+            self.player_task = asyncio.create_task(self.play(now()))
+        else:
+            await self.send_actions(opts.lookahead - 1)
         return await self.trigger("started")
 
     async def on_media(self, data: bytes) -> bool:
@@ -305,7 +379,31 @@ class _Viewer:
                 self.part.unlink(missing_ok=True)  # a partial file is never left looking like a video
         fps = rep.started.fps if rep.started else 16
         pre = opts.prebuffer_frames or (rep.headers[0].frames if rep.headers else 1)
-        rep.play = playout([(h.frames, t) for h, t in zip(rep.headers, rep.receipts_ns)], fps, pre, rep.t_start_ns)
+        arrivals = [(h.frames, t) for h, t in zip(rep.headers, rep.receipts_ns)]
+        rep.play = playout(arrivals, fps, pre, rep.t_start_ns)
+        if opts.player:
+            rep.interaction = self.interaction_log(first_frame_playout(arrivals, fps, pre))
+            rep.a2p = summarize(rep.interaction)
+            rep.a2p_events = outcomes(rep.interaction)
+
+    def interaction_log(self, plays: list[int]) -> InteractionLog:
+        """The frozen records of a player session: what was sent and receipted, what each chunk applied."""
+        events = []
+        for eid, (planned, sent, ev) in self.sent_inputs.items():
+            got, q = self.queued.get(eid, (None, None))
+            events.append(EventRecord(event_id=eid, keys=ev.keys, planned_ns=planned, sent_ns=sent, queued_ns=got,
+                                      received_ns=q.received_ns if q else None, late=bool(q and q.late)))
+        rep = self.rep
+        header_ns = dict(zip((h.chunk for h in rep.headers), rep.header_ns))
+        chunks = [ChunkRecord(chunk=h.chunk, applied=tuple(h.applied), boundary_ns=h.boundary_ns,
+                              latent_ready_ns=h.event.get("latent_ready"), cpu_ready_ns=h.event.get("cpu_ready"),
+                              encoded_ns=h.event.get("encoded"), header_ns=header_ns.get(h.chunk), delivered_ns=t,
+                              playout_ns=p) for h, t, p in zip(rep.headers, rep.receipts_ns, plays)]
+        seen = {c.chunk for c in chunks}
+        if rep.ended is not None:  # chunks the server generated and applied events at, never delivered here
+            chunks += [ChunkRecord(chunk=c, applied=tuple(ids)) for c, ids in enumerate(rep.ended.applied) if c not in seen]
+        return InteractionLog(events=tuple(events), chunks=tuple(chunks),
+                              same_clock=bool(rep.started and rep.started.same_clock))
 
 
 async def status(url: str, timeout_s: float = 10.0, token: str = "") -> W.Status:
@@ -387,6 +485,16 @@ def table(reports: list[SessionReport]) -> list[str]:
     return rows
 
 
+def a2p_table(reports: list[SessionReport], first: str = "session") -> list[str]:
+    """The action-to-photon tables of the player sessions: latency, then its decomposition."""
+    rows = [(str(r.session), r.a2p) for r in reports if r.a2p is not None]
+    if not rows:
+        return []
+    return (["action-to-photon (rule: latest-wins key state, applied at each chunk boundary; columns: README, Figures)"]
+            + console_table((first, *LATENCY_COLUMNS), [[k, *latency_cells(s)] for k, s in rows])
+            + console_table((first, *PARTS_COLUMNS), [[k, *parts_cells(s)] for k, s in rows]))
+
+
 def _f(v, suffix: str = "") -> str:
     return "-" if v is None else f"{v:.1f}{suffix}"
 
@@ -399,16 +507,18 @@ def main(args: argparse.Namespace) -> int:
             raise HarnessError(f"--{name.replace('_', '-')} must be ≥ 1, got {v}")
     if args.read_rate is not None and not args.read_rate > 0:
         raise HarnessError(f"--read-rate must be positive, got {args.read_rate}")
+    trace = tuple(parse_trace(args.player)) if args.player else None
     url = session_url(args.connect)
     out = Path(args.out) if args.out else None
     if out is not None:
         ensure_writable_dir(out)
     opts = ViewerOptions(read_rate=args.read_rate, prebuffer_frames=args.prebuffer_frames, out_dir=out,
                          disconnect_at=None if args.disconnect_after_chunk is None else f"chunk:{args.disconnect_after_chunk}",
-                         cancel_at=None if args.cancel_after_chunk is None else f"chunk:{args.cancel_after_chunk}")
+                         cancel_at=None if args.cancel_after_chunk is None else f"chunk:{args.cancel_after_chunk}",
+                         player=trace)
     reports = asyncio.run(run_sessions(url, sessions=args.sessions, seed=args.seed, preset=args.preset,
                                        chunks=args.chunks, prompt=args.prompt, opts=opts, busy_wait_s=args.busy_wait))
-    for line in table(reports):
+    for line in table(reports) + a2p_table(reports):
         print(line)
     asked_to_stop = args.disconnect_after_chunk is not None or args.cancel_after_chunk is not None
     failed = [r for r in reports if r.outcome in ("error", "busy", "closed")
@@ -422,6 +532,11 @@ def main(args: argparse.Namespace) -> int:
                     failed.append(r)
                 elif r.media_path:
                     print(f"  session {r.session}: {r.media_path} decodes to the {len(r.frame_sha256)} frames sent")
+    for r in reports:
+        for name, problems in invariants(r.interaction) if r.interaction is not None and r.outcome == "complete" else ():
+            if problems:
+                print(f"  session {r.session}: {name}: broken: {'; '.join(problems[:5])}")
+                failed.append(r)
     if out is not None:
         (out / "client.json").write_bytes(msgspec.json.format(msgspec.json.encode(
             [msgspec.structs.asdict(r) | {"frame_sha256": r.frame_sha256} for r in reports]), indent=1))

@@ -44,6 +44,9 @@ def add_client_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prebuffer-frames", type=int, help="frames buffered before playback starts (default: the first chunk)")
     p.add_argument("--disconnect-after-chunk", type=int, metavar="K", help="drop the connection once chunk K was read")
     p.add_argument("--cancel-after-chunk", type=int, metavar="K", help="cancel once chunk K was read")
+    p.add_argument("--player", metavar="TRACE", help="a player session: send the key events of TRACE at their own times "
+                   "(a JSON-lines or .csv file of t,keys events, or hold-and-turn, taps, random:SEED) and report "
+                   "action-to-photon; default: the scripted actions the server asks for")
     p.add_argument("--out", help="write session{S}.mkv and client.json here")
     p.add_argument("--verify", action="store_true", help="decode each finished file and check every frame's SHA-256")
     p.add_argument("--busy-wait", type=float, default=60.0, help="seconds to retry while the server is busy")

@@ -16,6 +16,12 @@ A session, as the client sees it::
     …                                   → cancel  (any time; so does closing the socket)
     ← ended            (cancelled or not: the server's cleanup invariants, hashes)
 
+A player session (``start`` with ``input: "player"``) has no ``need_actions`` and no ``actions``:
+the client sends ``input`` (event id, keys) at any time and gets ``queued`` (its arrival time) at
+once; at each chunk boundary the server applies what has arrived by the rule of
+``harness.serving.player.latest_wins``, and the chunk's header lists the ids it applied (a
+two-phase receipt: queued, then applied at chunk k).
+
 The server asks for chunk c's actions (``need_actions``) when it is about to generate c and waits
 for them (with a timeout that cancels), so a client must not hold them back until it has seen
 chunk c−1: the driver cannot forward c−1's media while it waits. ``window`` chunks may be sent and
@@ -24,7 +30,7 @@ not yet acknowledged; beyond that the server stops producing (backpressure, not 
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated, Literal, Union
 
 import msgspec
 from msgspec import Meta
@@ -61,11 +67,22 @@ class Start(_Wire, tag="start"):
     #: client's receipt stamps can be used as ``delivered`` directly
     boot_id: Annotated[str, Meta(max_length=64)] = ""
     action_timeout_s: Seconds | None = None  # at most the server's own limit
+    #: "script": the server asks each chunk's actions (need_actions); "player": the client sends
+    #: ``input`` events whenever it likes and each chunk boundary applies what has arrived
+    input: Literal["script", "player"] = "script"
 
 
 class Actions(_Wire, tag="actions"):
     chunk: ChunkIndex
     actions: Annotated[list[ActionKeys], Meta(max_length=64)]  # one per latent frame
+
+
+class Input(_Wire, tag="input"):
+    """A player session's key event: from now on ``keys`` are held (``""``: none)."""
+
+    event_id: Annotated[str, Meta(min_length=1, max_length=64)]  # unique in the session
+    keys: ActionKeys
+    sent_ns: Annotated[int, Meta(ge=0)]  # client's time.monotonic_ns() when it was sent
 
 
 class Ack(_Wire, tag="ack"):
@@ -83,7 +100,7 @@ class StatusRequest(_Wire, tag="status"):
     token: Annotated[str, Meta(max_length=64)] = ""
 
 
-ClientMessage = Union[Start, Actions, Ack, Cancel, StatusRequest]
+ClientMessage = Union[Start, Actions, Input, Ack, Cancel, StatusRequest]
 
 
 # ---- server → client ---------------------------------------------------------------------------
@@ -99,11 +116,23 @@ class Started(_Wire, tag="started"):
     height: int
     window: int
     action_timeout_s: float
+    input: str = "script"
+    same_clock: bool = False  # the client's boot id is the server's: one monotonic clock on both sides
 
 
 class NeedActions(_Wire, tag="need_actions"):
     session: int
     chunk: int
+
+
+class Queued(_Wire, tag="queued"):
+    """The first receipt of an ``input`` event, sent the moment it arrived. ``late``: it arrived
+    after the session's last chunk boundary, so no chunk will apply it."""
+
+    session: int
+    event_id: str
+    received_ns: int  # server clock
+    late: bool = False
 
 
 class ChunkHeader(_Wire, tag="chunk"):
@@ -116,6 +145,10 @@ class ChunkHeader(_Wire, tag="chunk"):
     pixel_sha256: str
     frame_sha256: list[str]
     event: dict  # the chunk's boundaries so far (submit … encoded), integer ns, server clock
+    #: player sessions: the second receipt — the input events applied at this chunk's boundary,
+    #: in arrival order, and that boundary (the driver took the chunk's actions; server clock)
+    applied: list[str] = []
+    boundary_ns: int | None = None
 
 
 class ChunkHash(_Wire, tag="hash"):
@@ -144,6 +177,8 @@ class Ended(_Wire, tag="ended"):
     client_blocked_ns: int  # producer time spent waiting for acknowledgements
     delivered_clock: str  # "client" (same host clock) or "ack-receipt" (server time the ack arrived)
     hashes: list[ChunkHash] = []  # per chunk, sessions that ran to the end
+    #: player sessions: per chunk generated, the input events its boundary applied (delivered or not)
+    applied: list[list[str]] = []
 
 
 class Error(_Wire, tag="error"):
@@ -162,7 +197,7 @@ class Status(_Wire, tag="status"):
     last: Ended | None = None
 
 
-ServerMessage = Union[Started, NeedActions, ChunkHeader, Ended, Error, Busy, Status]
+ServerMessage = Union[Started, NeedActions, Queued, ChunkHeader, Ended, Error, Busy, Status]
 
 _enc = msgspec.json.Encoder()
 _client_dec = msgspec.json.Decoder(ClientMessage)

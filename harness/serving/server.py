@@ -19,6 +19,11 @@ stamp lies between ``encoded`` and the ack's arrival, it is used as is; otherwis
 arrival time of the ack is (an upper bound by half a round trip). A chunk never acknowledged has no
 ``delivered``; nothing is invented.
 
+A player session (``start`` with ``input: "player"``) is driven the other way round: the network
+thread queues each ``input`` event and receipts it at once (``queued``); the driver's request for a
+chunk's actions is the chunk boundary, where ``player.latest_wins`` turns what arrived into the
+chunk's keys, and the chunk's header names the events applied (DESIGN §9).
+
 Capacity is one session: a ``start`` while another is pending or running gets ``busy`` at once.
 """
 
@@ -42,7 +47,7 @@ from harness.drivers.driver import SessionControl
 from harness.drivers.options import resolve_config
 from harness.drivers.serve import ServeOptions, explain_failure, serve
 from harness.drivers.signals import install as install_stop
-from harness.engine.camera import validate_actions
+from harness.engine.keys import normalize_action, validate_actions
 from harness.errors import HarnessError
 from harness.hooks import parse_hooks
 from harness.limits import session_frames_error
@@ -50,6 +55,11 @@ from harness.measure.clock import now
 from harness.measure.headline import run_headline
 from harness.serving import protocol as W
 from harness.serving.guards import DEFAULT_IDLE_TIMEOUT_S, hardening_options, origin_error, warm_up, write_token
+from harness.serving.player import latest_wins
+
+
+#: input events one player session may send (each is remembered: ids must be unique)
+MAX_INPUTS = 100_000
 
 
 @dataclass
@@ -159,6 +169,12 @@ class _Session:
         self.events: dict = {}  # chunk → ChunkEvent as the driver reported it
         self.next_row = 0
         self.write: Callable | None = None  # events.jsonl writer (driver thread only)
+        # a player session (DESIGN §9): input events arrive at any time, each boundary applies them
+        self.player = start.input == "player"
+        self.held = ""  # the keys in force (latest_wins)
+        self.inbox: list[tuple[str, str]] = []  # (event id, keys) received since the last boundary
+        self.input_ids: set[str] = set()
+        self.applied: dict[int, tuple[list[str], int]] = {}  # chunk → (ids applied, boundary ns)
 
     # ---- network thread -----------------------------------------------------------------------
     def put_actions(self, msg: W.Actions) -> str | None:
@@ -175,6 +191,29 @@ class _Session:
                 return f"actions for chunk {msg.chunk} were already received"
             self.actions[msg.chunk] = acts
             self.cond.notify_all()
+        return None
+
+    def put_input(self, msg: W.Input) -> str | None:
+        """A player's event: queued for the next boundary and receipted at once (``late`` when the
+        last boundary has passed, or the session is cancelled: no chunk will apply it)."""
+        try:
+            keys = normalize_action(msg.keys)
+        except HarnessError as e:
+            return f"input {msg.event_id!r}: {W.one_line(e)}"
+        with self.cond:
+            if self.index is None:
+                return "input before the session started: wait for started"
+            if msg.event_id in self.input_ids:
+                return f"input event id {msg.event_id!r} was already used in this session"
+            if len(self.input_ids) >= MAX_INPUTS:
+                return f"more than {MAX_INPUTS} input events in one session"
+            t = now()
+            late = self.reason is not None or self.consumed >= self.chunks - 1
+            self.input_ids.add(msg.event_id)
+            if not late:
+                self.inbox.append((msg.event_id, keys))
+            # posted under the lock: the boundary that applies it cannot announce it before this receipt
+            self.conn.post(W.encode(W.Queued(session=self.index, event_id=msg.event_id, received_ns=t, late=late)))
         return None
 
     def ack(self, msg: W.Ack) -> str | None:
@@ -224,7 +263,18 @@ class _Session:
             with self.cond:
                 self.events.setdefault(ev.chunk, ev)  # its row is still written
 
+    def _boundary(self, chunk: int) -> list[str]:
+        """A player session's chunk boundary: what has arrived is applied (latest_wins)."""
+        with self.cond:
+            self.held, ids = latest_wins(self.held, self.inbox)
+            self.inbox = []
+            self.applied[chunk] = (ids, now())
+            self.consumed = max(self.consumed, chunk)
+            return [self.held] * self.frames_per_chunk
+
     def _actions_for(self, chunk: int) -> list[str]:
+        if self.player:
+            return self._boundary(chunk)
         with self.cond:
             if chunk not in self.actions and self.reason is None:
                 self.conn.post(W.encode(W.NeedActions(session=self.index, chunk=chunk)))
@@ -256,10 +306,12 @@ class _Session:
                     self.cond.wait(0.05)
                 blocked = now() - t0
                 if self.reason is None and self.conn.open:
+                    ids, boundary = self.applied.get(ev.chunk, ([], None))
                     self.conn.post(W.encode(W.ChunkHeader(
                         session=ev.session, chunk=ev.chunk, frames=ev.frames, nbytes=len(msg.media),
                         pixel_sha256=msg.pixel_sha256, frame_sha256=list(msg.frame_sha256),
-                        event={k: v for k, v in msgspec.to_builtins(ev).items() if k not in ("delivered",)})))
+                        event={k: v for k, v in msgspec.to_builtins(ev).items() if k not in ("delivered",)},
+                        applied=ids, boundary_ns=boundary)))
                     self.conn.post((ev.chunk, bytes(msg.media)))
                     self.sent.append(ev.chunk)
                     self.frames_sent += ev.frames
@@ -370,7 +422,8 @@ class StreamServer:
         sess.conn.post(W.encode(W.Started(
             session=idx, epoch=idx, seed=sess.start.seed, preset=cfg.name, chunks=sess.chunks,
             latent_frames_per_chunk=cfg.video.frames_per_chunk, fps=cfg.video.fps, width=cfg.video.width,
-            height=cfg.video.height, window=sess.window, action_timeout_s=sess.action_timeout_s)))
+            height=cfg.video.height, window=sess.window, action_timeout_s=sess.action_timeout_s,
+            input=sess.start.input, same_clock=sess.same_clock)))
         control = SessionControl(actions=sess.actions_for, should_cancel=sess.should_cancel, poll_s=0.005,
                                  prompt=sess.start.prompt or f"seed {sess.start.seed}")
         original = ctx.driver.on_chunk
@@ -397,7 +450,8 @@ class StreamServer:
                 media_discarded=bool(res.media is not None and res.media.discarded), max_unacked=sess.max_unacked,
                 client_blocked_ns=sess.client_blocked_ns, delivered_clock="client" if sess.same_clock else "ack-receipt",
                 hashes=[W.ChunkHash(chunk=h["chunk"], latent_sha256=h.get("latent_sha256", ""),
-                                    pixels_sha256=h.get("pixels_sha256", "")) for h in res.chunk_hashes])
+                                    pixels_sha256=h.get("pixels_sha256", "")) for h in res.chunk_hashes],
+                applied=[sess.applied.get(c, ([], 0))[0] for c in range(len(res.events))] if sess.player else [])
         self._served += 1
         with self._lock:
             self._active = None  # before "ended" goes out: the client may start again at once
@@ -562,7 +616,17 @@ class StreamServer:
         elif isinstance(msg, W.Actions):
             if s is None or self._active is not s:
                 return self._reject(conn, "actions without a running session: send start first")
+            if s.player:
+                return self._reject(conn, "actions in a player session: send input events")
             err = s.put_actions(msg)
+            if err:
+                self._reject(conn, err)
+        elif isinstance(msg, W.Input):
+            if s is None or self._active is not s:
+                return self._reject(conn, "input without a running session: send start first")
+            if not s.player:
+                return self._reject(conn, 'input in a script session: start it with input "player" (or send actions)')
+            err = s.put_input(msg)
             if err:
                 self._reject(conn, err)
         elif isinstance(msg, W.Ack):

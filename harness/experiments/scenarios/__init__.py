@@ -1,4 +1,4 @@
-"""``python -m harness scenario {slow-consumer,cancel,crash,bad-input}``: the serving path under
+"""``python -m harness scenario {slow-consumer,cancel,crash,bad-input,interactive}``: the serving path under
 stress (DESIGN §7). Each scenario prints a compact table of what it saw and the invariants it
 checked, and exits 1 when one breaks.
 
@@ -18,7 +18,8 @@ One module per idea, arrows pointing down the list:
 
 * ``command`` — the command: checks the arguments, runs the scenario over the chosen way in;
 * one module per scenario: ``slow_consumer``, ``cancel`` (its points in ``points``),
-  ``crash``, ``bad_input`` (command lines, engine, VAE) and ``bad_messages`` (over websocket);
+  ``crash``, ``bad_input`` (command lines, engine, VAE), ``bad_messages`` (over websocket) and
+  ``interactive`` (a player against Case D, Case E and H5a: action-to-photon, websocket only);
 * ``topology`` — the in-process way in (a launched topology that runs submitted jobs, leak
   checks); ``server_process`` — the websocket way in (``serve --listen``
   as a subprocess);

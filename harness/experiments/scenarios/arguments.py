@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-SCENARIOS = ("slow-consumer", "cancel", "crash", "bad-input")
+SCENARIOS = ("slow-consumer", "cancel", "crash", "bad-input", "interactive")
 
 
 def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("scenario", choices=SCENARIOS)
     g = p.add_argument_group("scenario")
-    g.add_argument("--over", choices=["inprocess", "websocket"], default="inprocess",
-                   help="drive the launched topology directly (file sink) or through serve --listen and the bundled client")
+    g.add_argument("--over", choices=["inprocess", "websocket"],
+                   help="drive the launched topology directly (file sink) or through serve --listen and the bundled client "
+                        "(default inprocess; interactive runs over websocket only)")
     g.add_argument("--connect", metavar="HOST:PORT", help="websocket: use this running server instead of launching one")
     g.add_argument("--rate", type=float, default=0.5, help="slow-consumer: consumer speed as a fraction of the rate the unthrottled reference "
                    "session was delivered at on this machine (default 0.5)")
@@ -24,4 +25,6 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fault-chunk", type=int, default=2, help="crash: the chunk at which the rank dies (default 2)")
     g.add_argument("--detect-bound", type=float, default=5.0, help="crash: seconds from the death to a clear error (default 5)")
     g.add_argument("--window", type=int, help="websocket: the launched server's window of unacknowledged chunks")
+    g.add_argument("--player", default="random:0", metavar="TRACE",
+                   help="interactive: the player's trace, as client --player (default random:0)")
     g.add_argument("--rss-slack-mib", type=float, default=48.0, help="slow-consumer: allowed RSS growth across throttled sessions")

@@ -16,6 +16,7 @@ from harness.experiments.scenarios.bad_messages import bad_input_ws
 from harness.experiments.scenarios.cancel import cancel_inprocess, cancel_ws
 from harness.experiments.scenarios.crash import crash_inprocess, crash_ws
 from harness.experiments.scenarios.figures import MS
+from harness.experiments.scenarios.interactive import interactive_ws
 from harness.experiments.scenarios.params import Params, params_from
 from harness.experiments.scenarios.points import cancel_points, ws_cancel_points
 from harness.experiments.scenarios.report import Report
@@ -23,6 +24,7 @@ from harness.experiments.scenarios.server_process import REPO_ROOT, ServerProces
 from harness.experiments.scenarios.slow_consumer import slow_consumer_inprocess, slow_consumer_ws
 from harness.experiments.scenarios.topology import Topology, leak_checks
 from harness.serving.client import session_url
+from harness.serving.player import parse_trace
 
 
 def _print_points(args: argparse.Namespace) -> int:
@@ -42,7 +44,22 @@ def _check_ranks(p: Params, cfg) -> None:
             raise HarnessError(f"--ranks: {r} does not exist (sp={cfg.parallel.sp}, vae_ranks={cfg.parallel.vae_ranks})")
 
 
+def _check_interactive(args: argparse.Namespace) -> None:
+    """interactive launches one server per arm (its scheduler and candidate) and plays a trace."""
+    if args.over == "inprocess":
+        raise HarnessError("interactive runs over websocket only (a player needs the network protocol)")
+    if args.connect:
+        raise HarnessError("interactive launches its own servers, one per arm; --connect cannot be used")
+    if args.scheduler or args.candidate:
+        raise HarnessError("interactive sets the scheduler and candidate of each arm (Case D, Case E, H5a); "
+                           "drop --scheduler/--candidate")
+    parse_trace(args.player)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.scenario == "interactive":
+        _check_interactive(args)
+    args.over = args.over or ("websocket" if args.scenario == "interactive" else "inprocess")
     if args.points == "list":
         return _print_points(args)
     if getattr(args, "launcher", "local") != "local":
@@ -81,6 +98,8 @@ def _websocket(args: argparse.Namespace, p: Params, out_root: Path) -> Report:
         if args.connect:
             raise HarnessError("crash --over websocket launches its own faulty servers; --connect cannot be used")
         return crash_ws(sargs, p, out_root)
+    if args.scenario == "interactive":
+        return interactive_ws(sargs, p, out_root)
     server = None if args.connect else ServerProcess(sargs, out_root)
     url = server.url if server else session_url(args.connect)
     try:

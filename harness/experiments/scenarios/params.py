@@ -28,6 +28,7 @@ class Params:
     #: bad-input: run every n-th command-line case as a real subprocess and the others in this
     #: process (same parsing, same error path, no interpreter start-up)
     subprocess_every: int = 1
+    player: str = "random:0"  # interactive: the player's trace (client --player)
 
 
 def params_from(args: argparse.Namespace, workdir: Path) -> Params:
@@ -45,4 +46,4 @@ def params_from(args: argparse.Namespace, workdir: Path) -> Params:
                   cancel_chunks=args.cancel_chunks, verify_chunks=args.verify_chunks,
                   points=tuple(x.strip() for x in args.points.split(",")) if args.points else None, ranks=ranks,
                   fault_chunk=args.fault_chunk, detect_bound_s=args.detect_bound, rss_slack_mib=args.rss_slack_mib,
-                  workdir=workdir)
+                  workdir=workdir, player=args.player)

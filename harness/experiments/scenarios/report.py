@@ -14,6 +14,7 @@ class Report:
     header: list[str] = field(default_factory=list)
     rows: list[list[str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    sections: list[str] = field(default_factory=list)  # lines printed after the table (tables of figures)
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
     seconds: float = 0.0
     #: checks that compare rates measured at different moments: the scenario command judges them
@@ -55,6 +56,7 @@ class Report:
             widths = [max(len(r[i]) for r in cells) for i in range(len(self.header))]
             for r in cells:
                 out.append("  " + "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+        out += self.sections
         out += [f"  note: {n}" for n in self.notes]
         for name, ok, detail in self.checks:
             rate = " (rate)" if name in self.rate_checks else ""

@@ -110,11 +110,12 @@ class ServerProcess:
         return rc
 
 
-def check_stopped_cleanly(report: Report, server: ServerProcess, workers: list[int], rc: int) -> None:
-    """After ``server.stop()`` returned ``rc``: exit 0, its workers reaped, its ring segments gone."""
+def check_stopped_cleanly(report: Report, server: ServerProcess, workers: list[int], rc: int, label: str = "") -> None:
+    """After ``server.stop()`` returned ``rc``: exit 0, its workers reaped, its ring segments gone
+    (``label``: which of several servers, prefixed to the check's name)."""
     left = wait_gone(workers, 10.0)
     shm = server.shm_left()
-    report.check("server stops cleanly: no leaked processes or shared memory", rc == 0 and not left and not shm,
+    report.check(f"{label}: " * bool(label) + "server stops cleanly: no leaked processes or shared memory", rc == 0 and not left and not shm,
                  f"rc {rc}, {len(workers)} workers reaped" + (f"; alive {left}" if left else "") + (f"; shm {shm}" if shm else ""))
 
 
