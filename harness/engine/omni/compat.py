@@ -25,6 +25,12 @@ Adaptations (vLLM-Omni 0.30.0 / vLLM 0.30.0):
   vLLM-Omni's sequence-parallel group when they are built. On CPU the process group is gloo,
   created first (a TCP rendezvous), then vLLM-Omni's distributed and model-parallel state on it,
   under a current vLLM config whose device is the CPU.
+* ``import_video_handler`` — the realtime video handler's module
+  (``vllm_omni.entrypoints.openai.serving_video_output_stream``) sits in a package whose
+  ``__init__`` imports the whole API server, and it imports ``AsyncOmni`` (a type annotation only)
+  from ``entrypoints.async_omni``, which imports the engine and through its pipeline registry
+  torchvision, as above. The package is registered without its ``__init__``, and ``async_omni``
+  is a placeholder while the handler module is imported (removed from ``sys.modules`` after).
 """
 
 from __future__ import annotations
@@ -99,6 +105,33 @@ def import_lingbot() -> types.SimpleNamespace:
     mods = {name: importlib.import_module(f"{_LINGBOT}.{name}") for name in _MODULES}
     _state["lingbot"] = types.SimpleNamespace(**mods)
     return _state["lingbot"]
+
+
+def import_video_handler() -> type:
+    """vLLM-Omni's own ``OmniStreamingVideoOutputHandler`` (cached); see the module docstring."""
+    if "video_handler" in _state:
+        return _state["video_handler"]
+    check_installed()
+    package, placeholder = "vllm_omni.entrypoints.openai", "vllm_omni.entrypoints.async_omni"
+    if package not in sys.modules:
+        parent = importlib.util.find_spec("vllm_omni.entrypoints")
+        if parent is None or parent.submodule_search_locations is None:
+            raise HarnessError("vllm_omni.entrypoints not found in the installed vllm-omni")
+        pkg = types.ModuleType(package)
+        pkg.__path__ = [os.path.join(p, "openai") for p in parent.submodule_search_locations]
+        sys.modules[package] = pkg
+    own = placeholder not in sys.modules
+    if own:
+        stub = types.ModuleType(placeholder)
+        stub.AsyncOmni = type("AsyncOmni", (), {})  # the handler names it in an annotation only
+        sys.modules[placeholder] = stub
+    try:
+        mod = importlib.import_module(f"{package}.serving_video_output_stream")
+    finally:
+        if own:
+            del sys.modules[placeholder]
+    _state["video_handler"] = mod.OmniStreamingVideoOutputHandler
+    return _state["video_handler"]
 
 
 def _sdpa_classes() -> tuple[type, type]:
