@@ -30,6 +30,17 @@ def add_listen_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--idle-timeout", type=float, help="seconds a connection may stay silent without a session (default 30)")
     g.add_argument("--warmup-chunks", type=int, help="chunks generated before 'listening' (default: a whole session "
                    "in compiled mode, 1 on CUDA, 0 on CPU)")
+    g.add_argument("--api", choices=["harness", "vllm-omni"], default="harness",
+                   help="harness: the harness's own protocol (ws://HOST:PORT/session); vllm-omni: vLLM-Omni's realtime "
+                        "video API (ws://HOST:PORT/v1/realtime/video, lossless fragmented MP4, production's messages)")
+    g.add_argument("--start-timeout", type=float, help="--api vllm-omni: seconds to wait for session.start (default 10, production's)")
+    g.add_argument("--stall-timeout", type=float, help="--api vllm-omni: seconds without progress or ping before a "
+                   "session is stopped (default 60, production's)")
+    g.add_argument("--served-model-name", help="--api vllm-omni: refuse a session.start naming another model "
+                   "(default: accept any, as vLLM-Omni without a served name)")
+    g.add_argument("--image-reference", choices=["refuse", "ignore"], default="refuse",
+                   help="--api vllm-omni: a session.start with image_reference is refused (default) or accepted and "
+                        "ignored (sessions are conditioned on their seed's synthetic image; manifest and video.start say so)")
     g.add_argument("--fault", action="append", default=[], help=argparse.SUPPRESS)  # ROLE:RANK=die-at-chunk:N (scenarios)
 
 
