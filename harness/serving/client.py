@@ -393,6 +393,11 @@ def _f(v, suffix: str = "") -> str:
 
 # ---- CLI -----------------------------------------------------------------------------------------
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "api", "harness") == "vllm-omni":
+        # imported here: its run directory (drivers.rundir) brings torch, which this viewer never needs
+        from harness.serving import omni_client
+
+        return omni_client.main(args)
     for name in ("sessions", "chunks", "prebuffer_frames"):
         v = getattr(args, name)
         if v is not None and v < 1:

@@ -20,9 +20,10 @@ What a request means here (production's LingBot-World conventions):
 
 Interactions are queued as they arrive and applied at the next chunk boundary, all of those queued
 by then, in arrival order: an ``event.prompt`` replaces the session's text condition; an
-``event.multi_modal_data.camera.actions`` (F per-latent-frame key lists, the harness's form of a
-camera event; production's SE(3) camera payload is not understood and refused) replaces the next
-chunk's scripted camera. Each chunk's stream metadata names the event ids it applied
+``event.multi_modal_data.camera = {"keys": [...]}`` (the harness's camera event,
+``omni_protocol.CameraInput``; production's SE(3) camera payload is not understood and refused)
+holds those keys on every latent frame from the applying chunk on, instead of the script, until
+the next camera event. Each chunk's stream metadata names the event ids it applied
 (``started_event_ids`` and ``completed_event_ids``: an event is applied whole within one chunk).
 
 Each chunk is computed in a worker thread, so the handler's event loop keeps answering pings and
@@ -89,6 +90,7 @@ class _Request:
 
     request_id: str
     interactions: deque = field(default_factory=deque)  # (event_id, event) queued, not yet applied
+    held: str | None = None  # the keys of the last camera event applied (None: the script's)
     aborted: bool = False
 
 
@@ -132,10 +134,9 @@ class HarnessEngineClient:
         event = interaction.get("event") or {}
         cam = (event.get("multi_modal_data") or {}).get("camera")
         if cam is not None:
-            if not isinstance(cam, dict) or "actions" not in cam:
-                raise HarnessError("camera interaction: expected multi_modal_data.camera.actions "
-                                   f"({self.frames} per-latent-frame key lists)")
-            camera.validate_actions(cam["actions"], self.frames)
+            if not isinstance(cam, dict) or not isinstance(cam.get("keys"), list):
+                raise HarnessError("camera interaction: expected multi_modal_data.camera.keys (a list of keys)")
+            camera.normalize_action(cam["keys"])
         req.interactions.append((interaction["event_id"], event))
 
     async def generate(self, prompt: Any, request_id: str, sampling_params_list: list) -> AsyncIterator[Any]:
@@ -203,7 +204,7 @@ class HarnessEngineClient:
 
     def _take_interactions(self, req: _Request, session, scripted: list[str]) -> tuple[list[str], list[str]]:
         """Every interaction queued before this chunk boundary, applied in arrival order."""
-        applied, actions = [], scripted
+        applied = []
         while req.interactions:
             event_id, event = req.interactions.popleft()
             if event.get("prompt"):
@@ -212,9 +213,9 @@ class HarnessEngineClient:
                 session.text_kv = self.dit.model.text_kv(text.to(self.dit.device, self.dit.dtype))
             cam = (event.get("multi_modal_data") or {}).get("camera")
             if cam is not None:
-                actions = camera.validate_actions(cam["actions"], self.frames)
+                req.held = camera.normalize_action(cam["keys"])
             applied.append(event_id)
-        return applied, actions
+        return applied, scripted if req.held is None else [req.held] * self.frames
 
     def _chunk(self, session, vs, actions: list[str]) -> np.ndarray:
         latent = self.dit.generate_chunk(session, actions)

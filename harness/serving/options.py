@@ -46,6 +46,9 @@ def add_listen_options(p: argparse.ArgumentParser) -> None:
 
 def add_client_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connect", required=True, metavar="HOST:PORT", help="the server of serve --listen (or a ws:// URL)")
+    p.add_argument("--api", choices=["harness", "vllm-omni"], default="harness",
+                   help="harness: the harness's own protocol; vllm-omni: any server of vLLM-Omni's realtime video API "
+                        "(ws://HOST:PORT/v1/realtime/video), measured into a run directory at --out")
     p.add_argument("--sessions", type=int, default=1)
     p.add_argument("--seed", type=int, default=0, help="session i uses seed + i")
     p.add_argument("--preset", help="must match the server's (default: ask the server)")
@@ -58,3 +61,13 @@ def add_client_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="write session{S}.mkv and client.json here")
     p.add_argument("--verify", action="store_true", help="decode each finished file and check every frame's SHA-256")
     p.add_argument("--busy-wait", type=float, default=60.0, help="seconds to retry while the server is busy")
+    g = p.add_argument_group("--api vllm-omni")
+    g.add_argument("--width", type=int, help="session.start width (default: the server's)")
+    g.add_argument("--height", type=int, help="session.start height (default: the server's)")
+    g.add_argument("--model", help="session.start model (default: none, the server's)")
+    g.add_argument("--image", metavar="FILE", help="the first frame's image, sent as image_reference (a data URL)")
+    g.add_argument("--ping", type=float, default=5.0, help="seconds between session.ping keep-alives")
+    g.add_argument("--interaction-every", type=int, metavar="K",
+                   help="after every K-th chunk send a session.interaction (camera keys of the scripted trajectory)")
+    g.add_argument("--interaction-prompt", default="", help="the first interaction also carries this prompt")
+    g.add_argument("--overwrite", action="store_true", help="clear an existing run directory at --out first")
