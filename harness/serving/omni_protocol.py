@@ -184,6 +184,9 @@ class VideoStart(_Server, tag="video.start", kw_only=True):
     request_id: str
     format: str = FORMAT
     config: dict[str, Any] = {}
+    #: harness extension: request fields accepted and not used (``image_reference`` under
+    #: ``--image-reference ignore``); the video does not depend on them
+    ignored_fields: list[str] = []
 
 
 class ChunkMetadata(_Server, tag="video.chunk_metadata", kw_only=True):

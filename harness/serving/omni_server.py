@@ -292,7 +292,8 @@ class OmniServer(StreamServer):
         sess.finished = asyncio.Event()
         conn.session = sess
         conn.on_written = sess.on_written
-        conn.post(O.encode(O.VideoStart(request_id=sess.request_id, format=O.FORMAT, config=req.config)))
+        conn.post(O.encode(O.VideoStart(request_id=sess.request_id, format=O.FORMAT, config=req.config,
+                                        ignored_fields=["image_reference"] if req.image_ignored else [])))
         self._pending.put(sess)
         return sess
 
