@@ -27,8 +27,11 @@ The harness's extensions, all optional and ignored by production's clients:
   submit … encoded, integer ns of the server's monotonic clock), that clock's ``server_boot_id``,
   the per-frame SHA-256 of the pixels (``frame_sha256``), and ``applied_event_ids``: the
   interactions this chunk is the first to carry (a two-phase receipt: ``queued`` when the
-  message arrived, applied at chunk k). Rule: everything queued before chunk k's submit is
-  applied at chunk k; later camera events win over earlier ones.
+  message arrived, applied at chunk k). Rule: everything queued before chunk k takes its
+  actions (``interaction_cutoff_ns``, just before its submit) is applied at chunk k; later camera
+  events win over earlier ones; prompt events are listed in ``unrendered_event_ids`` instead (the
+  engine keeps one prompt per session), and events queued after the last chunk's cutoff in
+  ``session.done``'s ``unapplied_event_ids``: every queued event is accounted for exactly once.
 - a camera interaction: ``event.multi_modal_data.camera = {"keys": ["w", "d"]}``: the keys
   held from the chunk that applies it on (every latent frame), until the next camera event.
   It passes production's own interaction checks (a non-empty object per modality).
@@ -181,6 +184,9 @@ class VideoStart(_Server, tag="video.start", kw_only=True):
     request_id: str
     format: str = FORMAT
     config: dict[str, Any] = {}
+    #: harness extension: request fields accepted and not used (``image_reference`` under
+    #: ``--image-reference ignore``); the video does not depend on them
+    ignored_fields: list[str] = []
 
 
 class ChunkMetadata(_Server, tag="video.chunk_metadata", kw_only=True):
@@ -204,10 +210,14 @@ class ChunkMetadata(_Server, tag="video.chunk_metadata", kw_only=True):
     server_boot_id: str = ""
     server_timestamps: dict[str, int] = {}  # boundary → ns, server's monotonic clock
     frame_sha256: list[str] = []
+    #: the server's ns at which this chunk took the queued interactions (just before its submit):
+    #: an event is applied by the first chunk whose cutoff follows its arrival
+    interaction_cutoff_ns: int | None = None
 
 
 #: the fields ChunkMetadata adds to production's
-HARNESS_FIELDS = ("applied_event_ids", "unrendered_event_ids", "server_boot_id", "server_timestamps", "frame_sha256")
+HARNESS_FIELDS = ("applied_event_ids", "unrendered_event_ids", "server_boot_id", "server_timestamps", "frame_sha256",
+                  "interaction_cutoff_ns")
 
 
 class InteractionQueued(_Server, tag="session.interaction.queued", kw_only=True):
@@ -223,6 +233,9 @@ class SessionDone(_Server, tag="session.done", kw_only=True):
     request_id: str | None = None
     chunks: int
     stopped: bool
+    #: harness extension: interactions queued after the last chunk's submit, which no chunk applied
+    #: (with ``applied_event_ids`` and ``unrendered_event_ids``, every queued event is accounted for once)
+    unapplied_event_ids: list[str] = []
 
 
 class Error(_Server, tag="error", omit_defaults=True, kw_only=True):  # unset optionals left out, as production does

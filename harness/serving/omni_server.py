@@ -70,8 +70,9 @@ class OmniSession:
         self.stopped = False  # the client sent session.stop
         self.held: str | None = None  # camera keys of the latest applied camera interaction
         self.queued: list[InteractionRequest] = []  # arrived, not yet taken by a chunk
+        self.closed = False  # session.done decided: nothing more is queued
         self.event_ids: set[str] = set()
-        self.taken: dict[int, tuple[list[str], list[str]]] = {}  # chunk → (applied, unrendered) ids
+        self.taken: dict[int, tuple[list[str], list[str], int]] = {}  # chunk → (applied, unrendered ids, cutoff ns)
         self.posted: list[int] = []
         self.written_at: dict[int, int] = {}  # chunk → server ns its media send completed
         self.events: dict = {}
@@ -81,14 +82,17 @@ class OmniSession:
         self.finished: asyncio.Event | None = None  # set on the network loop once session.done is out
 
     # ---- network thread -----------------------------------------------------------------------
-    def queue(self, it: InteractionRequest) -> bool:
-        """False when the event id was seen before in this session (production's conflict)."""
+    def queue(self, it: InteractionRequest) -> str:
+        """"queued"; "conflict" when the event id was seen before in this session (production's
+        conflict); "closed" once session.done is decided (production has stopped reading then)."""
         with self.cond:
+            if self.closed:
+                return "closed"
             if it.event_id in self.event_ids:
-                return False
+                return "conflict"
             self.event_ids.add(it.event_id)
             self.queued.append(it)
-            return True
+            return "queued"
 
     def on_written(self, chunk: int) -> None:
         with self.cond:
@@ -120,7 +124,7 @@ class OmniSession:
             for it in taken:
                 if it.keys is not None:
                     self.held = it.keys
-            self.taken[chunk] = (applied, unrendered)
+            self.taken[chunk] = (applied, unrendered, now())
             held = self.held
         if held is not None:
             return [held] * self.frames_per_chunk
@@ -158,14 +162,14 @@ class OmniSession:
         self.flush_rows(final=False)
 
     def metadata(self, ev, msg) -> O.ChunkMetadata:
-        applied, unrendered = self.taken.get(ev.chunk, ([], []))
+        applied, unrendered, cutoff = self.taken.get(ev.chunk, ([], [], None))
         stamps = msgspec.to_builtins(ev)
         return O.ChunkMetadata(
             request_id=self.request_id, kind="media", num_frames=ev.frames, byte_length=len(msg.media),
             generation_chunk_index=ev.chunk, transport_chunk_index=len(self.posted), applied_event_ids=applied,
             unrendered_event_ids=unrendered, server_boot_id=self.boot_id,
             server_timestamps={k: stamps[k] for k in SENT_BOUNDARIES if stamps.get(k) is not None},
-            frame_sha256=list(msg.frame_sha256))
+            frame_sha256=list(msg.frame_sha256), interaction_cutoff_ns=cutoff)
 
     def wait_sent(self) -> None:
         """After the last chunk: until the socket took every chunk's media (or the client left)."""
@@ -221,8 +225,10 @@ class OmniServer(StreamServer):
         with self._lock:
             self._active = None
         with sess.cond:
+            sess.closed = True
             done = O.SessionDone(request_id=sess.request_id, chunks=len(sess.written_at),
-                                 stopped=res.cancelled or sess.stopped)
+                                 stopped=res.cancelled or sess.stopped,
+                                 unapplied_event_ids=[it.event_id for it in sess.queued])
         sess.conn.post(O.encode(done))
         if self._loop is not None and sess.finished is not None:
             self._loop.call_soon_threadsafe(sess.finished.set)
@@ -286,7 +292,8 @@ class OmniServer(StreamServer):
         sess.finished = asyncio.Event()
         conn.session = sess
         conn.on_written = sess.on_written
-        conn.post(O.encode(O.VideoStart(request_id=sess.request_id, format=O.FORMAT, config=req.config)))
+        conn.post(O.encode(O.VideoStart(request_id=sess.request_id, format=O.FORMAT, config=req.config,
+                                        ignored_fields=["image_reference"] if req.image_ignored else [])))
         self._pending.put(sess)
         return sess
 
@@ -351,10 +358,12 @@ class OmniServer(StreamServer):
             if isinstance(it, Refusal):
                 return self._say(conn, it.message, code=it.code, event_id=it.event_id,
                                  request_id=sess.request_id if it.code else None)
-            if not sess.queue(it):
+            state = sess.queue(it)
+            if state == "conflict":
                 return self._say(conn, O.EVENT_ID_CONFLICT, code="event_id_conflict", request_id=sess.request_id,
                                  event_id=it.event_id)
-            conn.post(O.encode(O.InteractionQueued(request_id=sess.request_id, event_id=it.event_id)))
+            if state == "queued":
+                conn.post(O.encode(O.InteractionQueued(request_id=sess.request_id, event_id=it.event_id)))
         else:
             self._say(conn, O.UNKNOWN_TYPE.format(kind))
 
