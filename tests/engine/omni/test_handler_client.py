@@ -119,6 +119,22 @@ def test_decoded_frames_are_the_generated_ones_within_the_encoders_loss(measured
         assert np.array_equal(saved, split_frames(decoded, [len(g) for g in generated])[1])
 
 
+def test_each_chunks_bytes_decode_to_its_frames_but_the_last(measured):
+    """Production's muxer (``frag_every_frame``) writes a frame's fragment when the next frame
+    arrives: the bytes through chunk k decode to all of chunks 0…k's frames but the last one,
+    which comes with the next chunk's bytes or the trailer. So against production the client's
+    ``delivered`` (the last byte of the chunk's own fragment) is one frame short of the chunk."""
+    _, run_dir, recs, _ = measured
+    r = recs[0]
+    data = (run_dir / r.media_path).read_bytes()
+    ends = np.cumsum([c.byte_length for c in r.chunks])
+    prefix = run_dir / "prefix.mp4"
+    for k in range(CHUNKS):
+        prefix.write_bytes(data[: ends[k]])
+        assert len(decode_pyav(prefix).frames) == sum(c.num_frames for c in r.chunks[: k + 1]) - 1
+    prefix.unlink()
+
+
 def test_interactions_are_queued_and_applied_once(measured):
     engine, _, recs, _ = measured
     for r in recs:
