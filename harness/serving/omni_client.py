@@ -412,17 +412,7 @@ def finish(run_dir: Path, w: Workload, results: list[tuple[ClientSession, bytes]
 
 
 # ---- CLI ----------------------------------------------------------------------------------------
-def omni_url(connect: str) -> str:
-    """``HOST:PORT`` or a full ``ws://…`` URL (the path defaults to production's)."""
-    if connect.startswith(("ws://", "wss://")):
-        return connect
-    host, sep, port = connect.rpartition(":")
-    if not sep or not port.isdigit():
-        raise HarnessError(f"--connect {connect!r}: expected HOST:PORT or a ws:// URL")
-    return f"ws://{host or '127.0.0.1'}:{port}{O.PATH}"
-
-
-def workload(args) -> Workload:
+def workload(args, url: str) -> Workload:
     """The command line as a workload; bad input refused before anything connects."""
     for name in ("sessions", "chunks", "interaction_every"):
         v = getattr(args, name, None)
@@ -435,7 +425,7 @@ def workload(args) -> Workload:
                            "decodes and checks the media and takes its sizes from --width/--height")
     if not args.ping > 0:
         raise HarnessError(f"--ping must be positive, got {args.ping}")
-    return Workload(url=omni_url(args.connect), sessions=args.sessions, chunks=args.chunks or 10, seed=args.seed,
+    return Workload(url=url, sessions=args.sessions, chunks=args.chunks or 10, seed=args.seed,
                     prompt=args.prompt, width=args.width, height=args.height, model=args.model,
                     image_reference=image_reference(args.image) if args.image else None, ping_s=args.ping,
                     interaction_every=args.interaction_every, interaction_prompt=args.interaction_prompt)
@@ -454,8 +444,9 @@ def table(recs: list[ClientSession]) -> list[str]:
     return rows
 
 
-def main(args) -> int:
-    w = workload(args)
+def main(args, url: str) -> int:
+    """``url``: the endpoint of ``--connect`` (``client.session_url`` at production's path)."""
+    w = workload(args, url)
     run_dir, recs, summary = measure(w, args.out, getattr(args, "overwrite", False))
     for line in table(recs):
         print(line)

@@ -95,16 +95,24 @@ def import_lingbot() -> types.SimpleNamespace:
         return _state["lingbot"]
     check_installed()
     install_cpu_platform()
-    if _LINGBOT not in sys.modules:
-        parent = importlib.util.find_spec("vllm_omni.diffusion.models")
-        if parent is None or parent.submodule_search_locations is None:
-            raise HarnessError("vllm_omni.diffusion.models not found in the installed vllm-omni")
-        pkg = types.ModuleType(_LINGBOT)
-        pkg.__path__ = [os.path.join(p, "lingbot_world") for p in parent.submodule_search_locations]
-        sys.modules[_LINGBOT] = pkg  # the package without its __init__ (see the module docstring)
+    _package_without_init(_LINGBOT)
     mods = {name: importlib.import_module(f"{_LINGBOT}.{name}") for name in _MODULES}
     _state["lingbot"] = types.SimpleNamespace(**mods)
     return _state["lingbot"]
+
+
+def _package_without_init(name: str) -> None:
+    """Register package ``name`` (its directory found through its parent) without running its
+    ``__init__``, so its submodules import alone (see the module docstring)."""
+    if name in sys.modules:
+        return
+    parent_name, _, leaf = name.rpartition(".")
+    parent = importlib.util.find_spec(parent_name)
+    if parent is None or parent.submodule_search_locations is None:
+        raise HarnessError(f"{parent_name} not found in the installed vllm-omni")
+    pkg = types.ModuleType(name)
+    pkg.__path__ = [os.path.join(p, leaf) for p in parent.submodule_search_locations]
+    sys.modules[name] = pkg
 
 
 def import_video_handler() -> type:
@@ -113,13 +121,7 @@ def import_video_handler() -> type:
         return _state["video_handler"]
     check_installed()
     package, placeholder = "vllm_omni.entrypoints.openai", "vllm_omni.entrypoints.async_omni"
-    if package not in sys.modules:
-        parent = importlib.util.find_spec("vllm_omni.entrypoints")
-        if parent is None or parent.submodule_search_locations is None:
-            raise HarnessError("vllm_omni.entrypoints not found in the installed vllm-omni")
-        pkg = types.ModuleType(package)
-        pkg.__path__ = [os.path.join(p, "openai") for p in parent.submodule_search_locations]
-        sys.modules[package] = pkg
+    _package_without_init(package)
     own = placeholder not in sys.modules
     if own:
         stub = types.ModuleType(placeholder)
