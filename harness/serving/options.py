@@ -71,3 +71,11 @@ def add_client_arguments(p: argparse.ArgumentParser) -> None:
                    help="after every K-th chunk send a session.interaction (camera keys of the scripted trajectory)")
     g.add_argument("--interaction-prompt", default="", help="the first interaction also carries this prompt")
     g.add_argument("--overwrite", action="store_true", help="clear an existing run directory at --out first")
+
+
+def add_compare_servers_arguments(p: argparse.ArgumentParser) -> None:
+    """``compare-servers``: the client's options (``--api vllm-omni``'s) for both arms, and arm B."""
+    add_client_arguments(p)
+    p.add_argument("--connect-b", required=True, metavar="HOST:PORT", help="arm B's server (arm A: --connect)")
+    p.add_argument("--rounds", type=int, default=2, help="launches per arm, alternating A B A B … (default 2)")
+    p.add_argument("--no-gate", action="store_true", help="judge speed even when the arms' pixels differ (say so)")

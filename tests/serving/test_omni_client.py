@@ -5,6 +5,7 @@ whose run directory it must match row by row."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ import msgspec
 import numpy as np
 import pytest
 
+from harness.experiments.compare_servers import analyze
 from harness.experiments.scenarios.server_process import REPO_ROOT, ServerProcess
 from harness.measure.events import BOUNDARIES, read_events, read_sessions, validate_events
 from harness.measure.gates import HashRecord, gate, save_pixels, write_hashes
@@ -136,3 +138,28 @@ def test_report_reads_a_client_run(measured_harness_server):
                        timeout=300, cwd=REPO_ROOT)
     assert r.returncode == 0, r.stderr
     assert (client / "report.md").is_file()
+
+
+def test_compare_servers_judges_launches_of_client_runs(measured_harness_server, tmp_path):
+    """``compare-servers`` over round directories that are client runs: copies of one launch on
+    both arms pass the pixel gate and are judged equivalent (ratio exactly 1); a changed arm B
+    (its pixels shifted) fails the gate and gets no speed verdict."""
+    _, _, client = measured_harness_server
+    for r in range(2):
+        for arm in "AB":
+            shutil.copytree(client, tmp_path / "same" / f"round{r}-{arm}")
+    res = analyze(tmp_path / "same")
+    assert res["gate"]["passed"] and res["rounds"] == 2 and res["reference"] == "delivered"
+    assert res["verdict"] == "equivalent" and res["rows"][0]["ab"]["value"] == 1.0
+    for r in range(2):
+        for arm in "AB":
+            shutil.copytree(client, tmp_path / "diff" / f"round{r}-{arm}")
+    px = tmp_path / "diff" / "round0-B" / "outputs" / "epoch0" / "chunk00.pixels.npy"
+    shifted = (np.load(px).astype(int) + 60).clip(0, 255).astype(np.uint8)
+    sha = save_pixels(tmp_path / "diff" / "round0-B", 0, 0, shifted)
+    hashes = tmp_path / "diff" / "round0-B" / "outputs" / "hashes.jsonl"
+    recs = [msgspec.json.decode(x, type=HashRecord) for x in hashes.read_bytes().splitlines()]
+    write_hashes(tmp_path / "diff" / "round0-B", [msgspec.structs.replace(h, pixels_sha256=sha) if h.key == (0, 0) else h
+                                                 for h in recs])
+    res = analyze(tmp_path / "diff")
+    assert not res["gate"]["passed"] and res["verdict"] == "no verdict" and "gate" in res["reason"]
