@@ -398,6 +398,10 @@ def main(args: argparse.Namespace) -> int:
         from harness.serving import omni_client
 
         return omni_client.main(args, session_url(args.connect, O.PATH))
+    omni_only = [f"--{n.replace('_', '-')}" for n in ("width", "height", "model", "image", "interaction_every")
+                 if getattr(args, n, None) is not None] + (["--interaction-prompt"] if getattr(args, "interaction_prompt", "") else [])
+    if omni_only:
+        raise HarnessError(f"{', '.join(omni_only)}: an option of --api vllm-omni")
     for name in ("sessions", "chunks", "prebuffer_frames"):
         v = getattr(args, name)
         if v is not None and v < 1:
