@@ -20,7 +20,7 @@ from harness.errors import HarnessError, report
 from harness.experiments.pipeline_bench import add_arguments as add_pipeline_bench_arguments
 from harness.experiments.replay import add_replay_arguments
 from harness.experiments.scenarios import add_scenario_arguments
-from harness.serving.options import add_client_arguments, add_serve_command
+from harness.serving.options import add_client_arguments, add_compare_servers_arguments, add_serve_command
 
 MODES = ["eager", "compiled", "deterministic"]
 
@@ -147,6 +147,8 @@ COMMANDS: dict[str, tuple[str, object, str]] = {
                  "harness.experiments.scenarios:main"),
     "client": ("viewer for serve --listen: paced playback, underruns, stall time, media file", add_client_arguments,
                "harness.serving.client:main"),
+    "compare-servers": ("A/B of two servers of vLLM-Omni's realtime API (client runs A B A B …, launch-level verdict at "
+                        "delivered, pixel gate first)", add_compare_servers_arguments, "harness.experiments.compare_servers:main"),
     "replay": ("time inputs captured with --hooks capture (or --synthetic shapes) on every attention/GEMM/conv backend",
                add_replay_arguments, "harness.experiments.replay:main"),
     "bench-pipeline": ("time the transport primitives alone: frame ring, socket channel, FFV1 encoders (JSON lines)",

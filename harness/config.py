@@ -134,6 +134,9 @@ class RuntimeConfig(_Section):
     ring_slots: int = 4
     queue_depth: int = 2
     encoder: str = "pyav"
+    #: "matroska": FFV1 (either encoder backend); "fmp4": lossless H.264 in fragmented MP4 (pyav;
+    #: the media of vLLM-Omni's realtime API, ``serve --listen --api vllm-omni``)
+    container: Literal["matroska", "fmp4"] = "matroska"
     encoder_threads: int = 4
     sink: str = "file"  # file | null | throttled:FPS (a slow consumer reading FPS frames/s)
     save_epochs: tuple[int, ...] = (0, 1)
@@ -220,6 +223,8 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
         (len(cfg.vae.temporal_upsample) == len(cfg.vae.dim_mult) - 1,
          "vae.temporal_upsample needs one entry per up stage (len(dim_mult) - 1)"),
         (sum(cfg.vae.temporal_upsample) == 2, "vae.temporal_upsample must upsample time by 4 (two stages)"),
+        (cfg.runtime.container != "fmp4" or cfg.runtime.encoder == "pyav",
+         f"runtime.container fmp4 is encoded by the pyav encoder, not {cfg.runtime.encoder!r}"),
     ]
     if cfg.engine.backend == "vllm-omni":
         checks += [

@@ -26,6 +26,7 @@ from harness.measure import figures as F
 from harness.measure import tails
 from harness.measure.headline import run_headline
 from harness.measure.metrics import window_for
+from harness.serving.omni_server import omni_listen_main
 from harness.serving.server import listen_main
 
 ProtocolName = Literal["timing", "long-tail"]
@@ -118,10 +119,21 @@ def protocol_lines(summary: dict, top: int = 3) -> list[str]:
 def main(args) -> int:
     """``python -m harness serve``: the protocol's sessions from the embedded driver, or — with
     ``--listen`` — the WebSocket endpoint's sessions from its clients."""
+    api = getattr(args, "api", "harness")
+    if api == "harness":
+        omni_only = [f for f, v in (("--start-timeout", getattr(args, "start_timeout", None)),
+                                    ("--stall-timeout", getattr(args, "stall_timeout", None)),
+                                    ("--served-model-name", getattr(args, "served_model_name", None)),
+                                    ("--image-reference ignore", getattr(args, "image_reference", "refuse") == "ignore" or None))
+                     if v is not None]
+        if omni_only:
+            raise HarnessError(f"{', '.join(omni_only)}: options of --api vllm-omni")
     if getattr(args, "listen", None):
         if getattr(args, "launcher", "local") != "local":
             raise HarnessError("--listen runs on the local launcher only (for now); drop --launcher ray")
-        return listen_main(args)
+        return omni_listen_main(args) if api == "vllm-omni" else listen_main(args)
+    if api != "harness":
+        raise HarnessError(f"--api {api} is the network endpoint's protocol: add --listen HOST:PORT")
     cfg = resolve_config(args)
     res = run_protocol(args.protocol, cfg, ServeOptions(out=args.out, overwrite=args.overwrite, candidates=tuple(args.candidate),
                                                         hooks=parse_hooks(args.hooks).items(), progress=not args.no_progress,

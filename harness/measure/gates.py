@@ -18,6 +18,10 @@ Gates, with run A the reference:
 Both: a file or record present on one side only fails, an unreadable file fails, a non-finite value
 (NaN/Inf) anywhere fails, and comparing nothing fails — a gate never passes by skipping.
 
+Runs that hold pixels only (a client's run of ``client --api vllm-omni``: it decodes frames and has
+no latents) are compared on pixels when *both* runs hold no latent at all (no latent file, no latent
+hash); the verdict says so. One such run against a run with latents fails on the missing latents.
+
 Runs of different session counts (``--sessions 3`` against ``--sessions 6``) are compared on the
 sessions (epochs) both hold; the verdict names the epochs only one run has, which are not compared.
 Within a common epoch every chunk must be on both sides.
@@ -333,7 +337,12 @@ def _hash_table(run: Path, side: str) -> tuple[dict[tuple[int, int], HashRecord]
     return by_key, faults
 
 
-def _compare_hashes(a: dict, b: dict, kind: GateKind) -> list[FileResult]:
+def pixels_only(files: set[str], records: dict) -> bool:
+    """A run with hash records and not one latent (file or hash): a client's decoded pixels."""
+    return bool(records) and not any(".latent." in f for f in files) and all(r.latent_sha256 is None for r in records.values())
+
+
+def _compare_hashes(a: dict, b: dict, kind: GateKind, outputs: tuple[str, ...] = ("latent", "pixels")) -> list[FileResult]:
     if not a and not b:
         return [FileResult(HASHES_FILE, False, reasons=["no hash records in either run"])]
     out = []
@@ -342,7 +351,7 @@ def _compare_hashes(a: dict, b: dict, kind: GateKind) -> list[FileResult]:
         if key not in a or key not in b:
             out.append(FileResult(name, False, reasons=[f"missing in run {'A' if key not in a else 'B'}"]))
         elif incomplete := [f"run {side}: no {w} hash" for side, r in (("A", a[key]), ("B", b[key]))
-                            for w in ("latent", "pixels") if getattr(r, f"{w}_sha256") is None]:
+                            for w in outputs if getattr(r, f"{w}_sha256") is None]:
             out.append(FileResult(name, False, reasons=incomplete))
         elif kind == "exact" and (a[key].latent_sha256, a[key].pixels_sha256) != (b[key].latent_sha256, b[key].pixels_sha256):
             out.append(FileResult(name, False, reasons=["hash differs"]))
@@ -381,6 +390,7 @@ def gate(run_a: str | Path, run_b: str | Path, kind: GateKind = "threshold", thr
     if only_a or only_b:  # different session counts: the sessions both ran are compared, the rest named
         fa, fb = {f for f in fa if _epoch_of(f) in common}, {f for f in fb if _epoch_of(f) in common}
         ha, hb = {k: v for k, v in ha.items() if k[0] in common}, {k: v for k, v in hb.items() if k[0] in common}
+    no_latents = pixels_only(fa, ha) and pixels_only(fb, hb)
     results: list[FileResult] = []
     for rel in sorted(fa | fb):
         if rel not in fa or rel not in fb:
@@ -390,6 +400,8 @@ def gate(run_a: str | Path, run_b: str | Path, kind: GateKind = "threshold", thr
     # A chunk saved without its partner is a broken writer even when both runs share the fault.
     for rel in sorted(fa | fb):
         partner = rel.replace(".latent.", ".pixels.") if ".latent." in rel else rel.replace(".pixels.", ".latent.")
+        if no_latents:
+            continue
         if partner not in fa and partner not in fb:
             results.append(FileResult(partner, False, reasons=["missing in both runs (its partner exists)"]))
     if not fa and not fb:
@@ -397,7 +409,7 @@ def gate(run_a: str | Path, run_b: str | Path, kind: GateKind = "threshold", thr
                                                                else "no session (epoch) in common"]))
     results += fault_a + fault_b
     if not (fault_a and not ha) and not (fault_b and not hb):
-        results.extend(_compare_hashes(ha, hb, kind))
+        results.extend(_compare_hashes(ha, hb, kind, ("pixels",) if no_latents else ("latent", "pixels")))
     for run, side, files, table in ((run_a, "A", fa, ha), (run_b, "B", fb, hb)):
         results.extend(_files_match_records(run, side, files, table))
         missing = sorted({(int(m.group(1)), int(m.group(2))) for f in files if (m := _FILE_RE.match(f))} - table.keys())
@@ -412,6 +424,8 @@ def gate(run_a: str | Path, run_b: str | Path, kind: GateKind = "threshold", thr
         verdict = f"fail: {len(failed)} of {len(results)} checks — {head}{more}"
     else:
         verdict = f"pass: {n_files} files and {len(results) - n_files} hash records {'identical' if kind == 'exact' else 'within threshold'}"
+    if no_latents:
+        verdict += " — pixels only (neither run holds latents)"
     if only_a or only_b:
         held = "; ".join(f"run {side} alone holds epochs {_spans(e)}" for side, e in (("A", only_a), ("B", only_b)) if e)
         verdict += f" — compared the {len(common)} sessions both runs hold (epochs {_spans(sorted(common))}); {held}, not compared" \

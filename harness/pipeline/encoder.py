@@ -1,5 +1,6 @@
-"""The encoder stage: uint8 RGB chunks (T, H, W, 3) in, lossless FFV1 (level 3) in Matroska out,
-written into a sink. One interface, a registry of backends:
+"""The encoder stage: uint8 RGB chunks (T, H, W, 3) in, lossless video out, written into a sink.
+One interface; per container (``runtime.container``) a registry of backends. Matroska carries
+FFV1 (level 3):
 
 - ``pyav``: libavcodec's FFV1 in-process through PyAV, muxed by ``mkv.MatroskaWriter`` — one
   Cluster per chunk, written and committed when ``encode`` returns, timestamps exact at 1/fps.
@@ -12,6 +13,9 @@ written into a sink. One interface, a registry of backends:
 Pixel format: the codec is fed ``bgr0`` (packed B, G, R, pad). It is the only 8-bit RGB layout
 FFV1 accepts (``gbrp`` starts at 9 bits); FFV1 codes it with its reversible colour transform, and
 rgb24 ↔ bgr0 is a byte shuffle, so decoding back to rgb24 returns the input bytes exactly.
+
+Fragmented MP4 (``fmp4``, what vLLM-Omni's realtime API sends) carries lossless H.264 from PyAV
+(``PyavFmp4Encoder``): one movie fragment per chunk, the first with the init segment.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import msgspec
 import numpy as np
 
 from harness.errors import HarnessError
+from harness.pipeline import fmp4
 from harness.pipeline.mkv import BlockCounter, MatroskaWriter
 from harness.pipeline.sinks import Sink
 
@@ -58,14 +63,14 @@ class ChunkEncoded(msgspec.Struct, frozen=True):
 class Encoder(ABC):
     name: ClassVar[str]
     exact_chunk_boundaries: ClassVar[bool]
+    SUFFIX: ClassVar[str] = ".mkv"  # the container's file name extension
 
     def __init__(self, width: int, height: int, fps: int = 16, threads: int = 1, **options) -> None:
         if width <= 0 or height <= 0 or fps <= 0:
             raise HarnessError(f"bad encoder geometry {width}x{height} at {fps} fps")
         self.width, self.height, self.fps = width, height, fps
         self.threads = threads if threads > 0 else (os.cpu_count() or 1)
-        options.setdefault("slices", default_slices(self.threads))
-        self.options = {k: str(v) for k, v in options.items()}
+        self.options = {k: str(v) for k, v in {**self.default_options(), **options}.items()}
         self.sink: Sink | None = None
         self.frames_in = 0
         self.chunks = 0
@@ -78,6 +83,9 @@ class Encoder(ABC):
             raise HarnessError(f"encoder expects uint8 (T, {self.height}, {self.width}, 3), "
                                f"got {frames.dtype} {tuple(frames.shape)}")
         return frames
+
+    def default_options(self) -> dict:
+        return {"slices": default_slices(self.threads)}
 
     @abstractmethod
     def open(self, sink: Sink) -> None: ...
@@ -293,13 +301,84 @@ class FfmpegEncoder(Encoder):
         self._errt.join()
 
 
+class PyavFmp4Encoder(Encoder):
+    """H.264 in fragmented MP4, the media vLLM-Omni's realtime API sends, made lossless:
+    ``libx264rgb`` codes the rgb24 input itself (High 4:4:4 Predictive, no YUV conversion) at
+    ``qp 0``, which is x264's lossless mode, so decoding back to rgb24 returns the input bytes
+    exactly. ``tune zerolatency`` removes the lookahead and B-frames: one packet per frame on
+    return, so a chunk's fragment is complete when ``encode`` returns (``fmp4``'s own muxer writes
+    it whole). Production encodes yuv420p at crf 18 instead: lossy by design."""
+
+    name = "pyav"
+    exact_chunk_boundaries = True
+    CODEC = "libx264rgb"
+    SUFFIX = ".mp4"
+
+    def default_options(self) -> dict:
+        return {}  # x264 picks its own slicing for zerolatency's slice threads
+
+    def open(self, sink: Sink) -> None:
+        import av  # on open: the command line imports this registry, and hosts without PyAV run everything else
+
+        cc = av.CodecContext.create(self.CODEC, "w")
+        cc.width, cc.height, cc.pix_fmt = self.width, self.height, "rgb24"
+        cc.time_base = Fraction(1, self.fps)
+        cc.framerate = Fraction(self.fps)
+        cc.flags |= av.codec.context.Flags.global_header  # SPS/PPS in extradata, for the init segment's avcC
+        cc.thread_count = self.threads
+        cc.options = {"qp": "0", "preset": "ultrafast", "tune": "zerolatency", **self.options}
+        cc.open()
+        self._cc, self._av = cc, av
+        self.sink = sink
+        self._head = fmp4.init_segment(width=self.width, height=self.height, fps=self.fps,
+                                       avcc=fmp4.avc_config(bytes(cc.extradata or b""), chroma_format=3))
+
+    def encode(self, frames: np.ndarray, chunk: int | None = None) -> ChunkEncoded:
+        frames = self._check(frames)
+        chunk = self.chunks if chunk is None else chunk
+        first = self.frames_in
+        samples = []
+        for rgb in frames:
+            vf = self._av.VideoFrame.from_ndarray(rgb, format="rgb24")
+            vf.pts = self.frames_in
+            samples += [(fmp4.avcc_sample(bytes(p)), bool(p.is_keyframe)) for p in self._cc.encode(vf)]
+            self.frames_in += 1
+        if len(samples) != len(frames):
+            raise HarnessError(f"{self.CODEC} returned {len(samples)} packets for {len(frames)} frames (encoder delay)")
+        encoded = time.monotonic_ns()
+        data = self._head + fmp4.fragment(self.chunks + 1, first, samples)
+        self._head = b""
+        self.sink.write(data)
+        delivered = self.sink.commit(chunk, len(frames))
+        self.chunks += 1
+        return ChunkEncoded(chunk, len(frames), first, len(samples), len(data), encoded, delivered)
+
+    def close(self) -> None:
+        if self.sink is None or self._closed:
+            return
+        self._closed = True
+        if self._head:  # no chunk: the file is still a valid, empty movie
+            self.sink.write(self._head)
+        tail = self._cc.encode(None)
+        if tail:
+            raise HarnessError(f"{self.CODEC} held back {len(tail)} packets")
+        self.sink.flush()
+
+
 ENCODERS: dict[str, type[Encoder]] = {c.name: c for c in (PyavEncoder, FfmpegEncoder)}
+#: the container (and its codec) per ``runtime.container``: Matroska carries FFV1 from either
+#: backend, fragmented MP4 carries lossless H.264 from PyAV
+CONTAINERS: dict[str, dict[str, type[Encoder]]] = {"matroska": ENCODERS, "fmp4": {"pyav": PyavFmp4Encoder}}
 
 
-def make_encoder(name: str, width: int, height: int, fps: int = 16, threads: int = 1, **options) -> Encoder:
-    """``options`` are FFV1 encoder options passed through (e.g. ``slices=4``, ``context=1``)."""
+def make_encoder(name: str, width: int, height: int, fps: int = 16, threads: int = 1, container: str = "matroska",
+                 **options) -> Encoder:
+    """``options`` are codec options passed through (e.g. FFV1's ``slices=4``, ``context=1``)."""
+    known = CONTAINERS.get(container)
+    if known is None:
+        raise HarnessError(f"unknown container {container!r} (known: {', '.join(sorted(CONTAINERS))})")
     try:
-        cls = ENCODERS[name]
+        cls = known[name]
     except KeyError:
-        raise HarnessError(f"unknown encoder {name!r} (known: {', '.join(sorted(ENCODERS))})") from None
+        raise HarnessError(f"unknown encoder {name!r} for {container} (known: {', '.join(sorted(known))})") from None
     return cls(width, height, fps, threads, **options)

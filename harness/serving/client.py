@@ -42,6 +42,7 @@ from harness.measure.interaction import (LATENCY_COLUMNS, PARTS_COLUMNS, A2PSumm
                                          summarize)
 from harness.pipeline.decode import decode_pyav
 from harness.pipeline.sinks import ensure_writable_dir
+from harness.serving import omni_protocol as O
 from harness.serving import protocol as W
 from harness.serving.player import TraceEvent, parse_trace
 
@@ -424,15 +425,14 @@ async def status(url: str, timeout_s: float = 10.0, token: str = "") -> W.Status
         raise HarnessError(W.one_line(f"cannot reach {url}: {e or type(e).__name__}")) from None
 
 
-def session_url(connect: str) -> str:
-    """``HOST:PORT`` or a full ``ws://…`` URL."""
+def session_url(connect: str, path: str = W.PATH) -> str:
+    """``HOST:PORT`` (the endpoint at ``path``) or a full ``ws://…`` URL."""
     if connect.startswith(("ws://", "wss://")):
         return connect
     host, sep, port = connect.rpartition(":")
     if not sep or not port.isdigit():
-        raise HarnessError(f"--connect {connect!r}: expected HOST:PORT")
-
-    return f"ws://{host or '127.0.0.1'}:{port}{W.PATH}"
+        raise HarnessError(f"--connect {connect!r}: expected HOST:PORT or a ws:// URL")
+    return f"ws://{host or '127.0.0.1'}:{port}{path}"
 
 
 async def run_sessions(url: str, *, sessions: int, seed: int, preset: str | None, chunks: int | None, prompt: str,
@@ -501,6 +501,15 @@ def _f(v, suffix: str = "") -> str:
 
 # ---- CLI -----------------------------------------------------------------------------------------
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "api", "harness") == "vllm-omni":
+        # imported here: its run directory (drivers.rundir) brings torch, which this viewer never needs
+        from harness.serving import omni_client
+
+        return omni_client.main(args, session_url(args.connect, O.PATH))
+    omni_only = [f"--{n.replace('_', '-')}" for n in ("width", "height", "model", "image", "interaction_every")
+                 if getattr(args, n, None) is not None] + (["--interaction-prompt"] if getattr(args, "interaction_prompt", "") else [])
+    if omni_only:
+        raise HarnessError(f"{', '.join(omni_only)}: an option of --api vllm-omni")
     for name in ("sessions", "chunks", "prebuffer_frames"):
         v = getattr(args, name)
         if v is not None and v < 1:

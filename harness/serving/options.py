@@ -30,11 +30,25 @@ def add_listen_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--idle-timeout", type=float, help="seconds a connection may stay silent without a session (default 30)")
     g.add_argument("--warmup-chunks", type=int, help="chunks generated before 'listening' (default: a whole session "
                    "in compiled mode, 1 on CUDA, 0 on CPU)")
+    g.add_argument("--api", choices=["harness", "vllm-omni"], default="harness",
+                   help="harness: the harness's own protocol (ws://HOST:PORT/session); vllm-omni: vLLM-Omni's realtime "
+                        "video API (ws://HOST:PORT/v1/realtime/video, lossless fragmented MP4, production's messages)")
+    g.add_argument("--start-timeout", type=float, help="--api vllm-omni: seconds to wait for session.start (default 10, production's)")
+    g.add_argument("--stall-timeout", type=float, help="--api vllm-omni: seconds without progress or ping before a "
+                   "session is stopped (default 60, production's)")
+    g.add_argument("--served-model-name", help="--api vllm-omni: refuse a session.start naming another model "
+                   "(default: accept any, as vLLM-Omni without a served name)")
+    g.add_argument("--image-reference", choices=["refuse", "ignore"], default="refuse",
+                   help="--api vllm-omni: a session.start with image_reference is refused (default) or accepted and "
+                        "ignored (sessions are conditioned on their seed's synthetic image; manifest and video.start say so)")
     g.add_argument("--fault", action="append", default=[], help=argparse.SUPPRESS)  # ROLE:RANK=die-at-chunk:N (scenarios)
 
 
 def add_client_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connect", required=True, metavar="HOST:PORT", help="the server of serve --listen (or a ws:// URL)")
+    p.add_argument("--api", choices=["harness", "vllm-omni"], default="harness",
+                   help="harness: the harness's own protocol; vllm-omni: any server of vLLM-Omni's realtime video API "
+                        "(ws://HOST:PORT/v1/realtime/video), measured into a run directory at --out")
     p.add_argument("--sessions", type=int, default=1)
     p.add_argument("--seed", type=int, default=0, help="session i uses seed + i")
     p.add_argument("--preset", help="must match the server's (default: ask the server)")
@@ -50,3 +64,21 @@ def add_client_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="write session{S}.mkv and client.json here")
     p.add_argument("--verify", action="store_true", help="decode each finished file and check every frame's SHA-256")
     p.add_argument("--busy-wait", type=float, default=60.0, help="seconds to retry while the server is busy")
+    g = p.add_argument_group("--api vllm-omni")
+    g.add_argument("--width", type=int, help="session.start width (default: the server's)")
+    g.add_argument("--height", type=int, help="session.start height (default: the server's)")
+    g.add_argument("--model", help="session.start model (default: none, the server's)")
+    g.add_argument("--image", metavar="FILE", help="the first frame's image, sent as image_reference (a data URL)")
+    g.add_argument("--ping", type=float, default=5.0, help="seconds between session.ping keep-alives")
+    g.add_argument("--interaction-every", type=int, metavar="K",
+                   help="after every K-th chunk send a session.interaction (camera keys of the scripted trajectory)")
+    g.add_argument("--interaction-prompt", default="", help="the first interaction also carries this prompt")
+    g.add_argument("--overwrite", action="store_true", help="clear an existing run directory at --out first")
+
+
+def add_compare_servers_arguments(p: argparse.ArgumentParser) -> None:
+    """``compare-servers``: the client's options (``--api vllm-omni``'s) for both arms, and arm B."""
+    add_client_arguments(p)
+    p.add_argument("--connect-b", required=True, metavar="HOST:PORT", help="arm B's server (arm A: --connect)")
+    p.add_argument("--rounds", type=int, default=2, help="launches per arm, alternating A B A B … (default 2)")
+    p.add_argument("--no-gate", action="store_true", help="judge speed even when the arms' pixels differ (say so)")

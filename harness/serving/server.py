@@ -118,6 +118,7 @@ class _Conn:
         #: chunks whose media the transport has taken (written to the socket, or below its high-water
         #: mark): only these may be acknowledged, so the window bounds bytes in flight, not promises
         self.written: set[int] = set()
+        self.on_written: Callable[[int], None] | None = None  # called (network thread) once chunk c's media is written
 
     def post(self, item: str | tuple[int, bytes] | None) -> None:
         """Queue a text frame (str) or chunk c's media ((c, bytes)); None ends the pump. Any thread."""
@@ -138,6 +139,8 @@ class _Conn:
                     if isinstance(item, tuple):
                         await self.ws.send_bytes(item[1])  # awaits the socket draining: TCP backpressure
                         self.written.add(item[0])
+                        if self.on_written is not None:
+                            self.on_written(item[0])
                     else:
                         await self.ws.send_str(item)
                 except (ConnectionError, RuntimeError):
@@ -361,6 +364,8 @@ class _Session:
 class StreamServer:
     """The session runner of ``serve --listen`` (``ServeOptions.session_runner``)."""
 
+    ws_path = W.PATH  # the sessions' endpoint (``_handle``); subclasses serve other APIs
+
     def __init__(self, opts: ListenOptions) -> None:
         self.opts = opts
         self._lock = threading.Lock()
@@ -492,7 +497,7 @@ class StreamServer:
 
     async def _bind(self) -> None:
         app = web.Application()
-        app.router.add_get(W.PATH, self._handle)
+        app.router.add_get(self.ws_path, self._handle)
         app.router.add_get(W.HEALTH_PATH, self._health)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None, keepalive_timeout=self.opts.idle_timeout_s)
         await self._runner.setup()
@@ -678,34 +683,40 @@ class StreamServer:
 def listen_main(args) -> int:
     """``serve --listen``: launch the topology, serve clients until stopped (SIGTERM/SIGINT) or
     ``--sessions`` sessions have been served, then tear down like any serve."""
+    cfg, lo = listen_setup(args)
+    if args.action_timeout is not None and not 0 < args.action_timeout <= 3600:
+        raise HarnessError(f"--action-timeout must be in (0, 3600] s, got {args.action_timeout}")
+    lo.action_timeout_s = args.action_timeout or ListenOptions.action_timeout_s
+    server = StreamServer(lo)
+    return listen_run(args, cfg, server, {"name": "websocket", "listen": args.listen, "window": lo.window,
+                                          "warmup_chunks": lo.warmup_chunks, "idle_timeout_s": lo.idle_timeout_s,
+                                          # the media went to the clients (DESIGN §10): media/ stays empty
+                                          "media": "client"})
+
+
+def listen_setup(args, runtime: dict | None = None) -> tuple:
+    """The run's config (``runtime`` overrides on top) and the endpoint's ListenOptions from the
+    command line, every option checked before anything starts."""
     cfg = resolve_config(args)
     if args.sink not in (None, "stream"):
         raise HarnessError(f"--listen streams each chunk to its client; --sink {args.sink} cannot be used with it")
-
-    cfg = override(cfg, runtime={"sink": "stream"})
+    cfg = override(cfg, runtime={"sink": "stream", **(runtime or {})})
     host, port = parse_listen(args.listen, allow_remote=args.allow_remote)
     if args.window is not None and not 1 <= args.window <= 256:
         raise HarnessError(f"--window must be in 1-256 chunks, got {args.window}")
-    if args.action_timeout is not None and not 0 < args.action_timeout <= 3600:
-        raise HarnessError(f"--action-timeout must be in (0, 3600] s, got {args.action_timeout}")
-    faults = dict(parse_fault(f) for f in args.fault)
-
-    def announce(h: str, p: int) -> None:
-        print(f"listening on ws://{h}:{p}{W.PATH}", flush=True)
-
-    lo = ListenOptions(host=host, port=port, max_sessions=args.sessions, on_listening=announce,
-                       window=args.window or ListenOptions.window,
-                       action_timeout_s=args.action_timeout or ListenOptions.action_timeout_s,
+    lo = ListenOptions(host=host, port=port, max_sessions=args.sessions, window=args.window or ListenOptions.window,
                        **hardening_options(args, cfg))
-    server = StreamServer(lo)
-    install_stop(on_stop=server.stop)  # SIGINT and SIGTERM alike: the running session is cancelled, then teardown
-    res = serve(cfg, ServeOptions(out=args.out, overwrite=getattr(args, "overwrite", False), candidates=tuple(args.candidate), hooks=parse_hooks(args.hooks).items(),
-                                  progress=False, faults=faults, probes=False, session_runner=server,
-                                  protocol={"name": "websocket", "listen": args.listen, "window": lo.window,
-                                            "warmup_chunks": lo.warmup_chunks, "idle_timeout_s": lo.idle_timeout_s,
-                                            # the media went to the clients (DESIGN §10): media/ stays empty
-                                            "media": "client"}))
+    return cfg, lo
 
+
+def listen_run(args, cfg, server: "StreamServer", protocol: dict) -> int:
+    """Serve ``server``'s sessions on the launched topology; the manifest's ``protocol`` is ``protocol``."""
+    faults = dict(parse_fault(f) for f in args.fault)
+    server.opts.on_listening = lambda h, p: print(f"listening on ws://{h}:{p}{server.ws_path}", flush=True)
+    install_stop(on_stop=server.stop)  # SIGINT and SIGTERM alike: the running session is cancelled, then teardown
+    res = serve(cfg, ServeOptions(out=args.out, overwrite=getattr(args, "overwrite", False), candidates=tuple(args.candidate),
+                                  hooks=parse_hooks(args.hooks).items(), progress=False, faults=faults, probes=False,
+                                  session_runner=server, protocol=protocol))
     print("\n".join(run_headline(res.run_dir, res.summary)))
     print(f"  sessions served: {len(res.sessions)} ({sum(r.cancelled for r in res.sessions)} cancelled); "
           "media: with the client (python -m harness client --out DIR), not in media/")

@@ -1,4 +1,5 @@
-"""Encoder stage process: ring slot → FFV1/Matroska per session → sink.
+"""Encoder stage process: ring slot → one container per session (FFV1/Matroska, or lossless
+H.264 in fragmented MP4: ``runtime.container``) → sink.
 
 ``received`` is stamped when this process holds the slot metadata (the frames crossed a process
 boundary), ``encoded`` once the chunk's packets exist, ``delivered`` when the sink accepted the
@@ -71,17 +72,19 @@ def check_sink_spec(spec: str) -> str:
     raise HarnessError(f"unknown sink {spec!r} (known: {', '.join(SINK_SPECS)})")
 
 
-def open_sink(spec: str, media_dir: Path, session: int):
+def open_sink(spec: str, media_dir: Path, session: int, suffix: str = ".mkv"):
     """``file`` | ``null`` | ``throttled:FPS`` (a file sink that accepts at most FPS frames/s) |
-    ``stream`` (each chunk's Matroska fragment goes back to the driver in ``ChunkDelivered.media``)."""
+    ``stream`` (each chunk's container fragment goes back to the driver in ``ChunkDelivered.media``).
+    ``suffix``: the container's file name extension."""
     name, _, arg = check_sink_spec(spec).partition(":")
+    path = media_dir / f"session{session}{suffix}"
     if name == "file":
-        return make_sink("file", directory=media_dir, session=session)
+        return make_sink("file", path=path)
     if name == "null":
         return make_sink("null")
     if name == "stream":
         return make_sink("memory")  # fragments kept until _Open.take_fragment hands them on
-    return make_sink("throttled", inner=make_sink("file", directory=media_dir, session=session), frames_per_s=float(arg))
+    return make_sink("throttled", inner=make_sink("file", path=path), frames_per_s=float(arg))
 
 
 def _serve(spec: WorkerSpec, conn, ring) -> None:
@@ -121,9 +124,9 @@ def _serve(spec: WorkerSpec, conn, ring) -> None:
         elif isinstance(msg, M.SetSink):
             sink_for[msg.session] = msg.sink
         elif isinstance(msg, M.OpenSession):
-            sink = open_sink(sink_for.pop(msg.session, cfg.runtime.sink), run_dir / "media", msg.session)
             enc = make_encoder(cfg.runtime.encoder, width=cfg.video.width, height=cfg.video.height, fps=cfg.video.fps,
-                               threads=cfg.runtime.encoder_threads)
+                               threads=cfg.runtime.encoder_threads, container=cfg.runtime.container)
+            sink = open_sink(sink_for.pop(msg.session, cfg.runtime.sink), run_dir / "media", msg.session, enc.SUFFIX)
             enc.open(sink)
             open_[msg.session] = _Open(enc, sink, getattr(sink, "path", None))
         elif isinstance(msg, M.CloseSession):

@@ -25,6 +25,12 @@ Adaptations (vLLM-Omni 0.30.0 / vLLM 0.30.0):
   vLLM-Omni's sequence-parallel group when they are built. On CPU the process group is gloo,
   created first (a TCP rendezvous), then vLLM-Omni's distributed and model-parallel state on it,
   under a current vLLM config whose device is the CPU.
+* ``import_video_handler`` — the realtime video handler's module
+  (``vllm_omni.entrypoints.openai.serving_video_output_stream``) sits in a package whose
+  ``__init__`` imports the whole API server, and it imports ``AsyncOmni`` (a type annotation only)
+  from ``entrypoints.async_omni``, which imports the engine and through its pipeline registry
+  torchvision, as above. The package is registered without its ``__init__``, and ``async_omni``
+  is a placeholder while the handler module is imported (removed from ``sys.modules`` after).
 """
 
 from __future__ import annotations
@@ -89,16 +95,45 @@ def import_lingbot() -> types.SimpleNamespace:
         return _state["lingbot"]
     check_installed()
     install_cpu_platform()
-    if _LINGBOT not in sys.modules:
-        parent = importlib.util.find_spec("vllm_omni.diffusion.models")
-        if parent is None or parent.submodule_search_locations is None:
-            raise HarnessError("vllm_omni.diffusion.models not found in the installed vllm-omni")
-        pkg = types.ModuleType(_LINGBOT)
-        pkg.__path__ = [os.path.join(p, "lingbot_world") for p in parent.submodule_search_locations]
-        sys.modules[_LINGBOT] = pkg  # the package without its __init__ (see the module docstring)
+    _package_without_init(_LINGBOT)
     mods = {name: importlib.import_module(f"{_LINGBOT}.{name}") for name in _MODULES}
     _state["lingbot"] = types.SimpleNamespace(**mods)
     return _state["lingbot"]
+
+
+def _package_without_init(name: str) -> None:
+    """Register package ``name`` (its directory found through its parent) without running its
+    ``__init__``, so its submodules import alone (see the module docstring)."""
+    if name in sys.modules:
+        return
+    parent_name, _, leaf = name.rpartition(".")
+    parent = importlib.util.find_spec(parent_name)
+    if parent is None or parent.submodule_search_locations is None:
+        raise HarnessError(f"{parent_name} not found in the installed vllm-omni")
+    pkg = types.ModuleType(name)
+    pkg.__path__ = [os.path.join(p, leaf) for p in parent.submodule_search_locations]
+    sys.modules[name] = pkg
+
+
+def import_video_handler() -> type:
+    """vLLM-Omni's own ``OmniStreamingVideoOutputHandler`` (cached); see the module docstring."""
+    if "video_handler" in _state:
+        return _state["video_handler"]
+    check_installed()
+    package, placeholder = "vllm_omni.entrypoints.openai", "vllm_omni.entrypoints.async_omni"
+    _package_without_init(package)
+    own = placeholder not in sys.modules
+    if own:
+        stub = types.ModuleType(placeholder)
+        stub.AsyncOmni = type("AsyncOmni", (), {})  # the handler names it in an annotation only
+        sys.modules[placeholder] = stub
+    try:
+        mod = importlib.import_module(f"{package}.serving_video_output_stream")
+    finally:
+        if own:
+            del sys.modules[placeholder]
+    _state["video_handler"] = mod.OmniStreamingVideoOutputHandler
+    return _state["video_handler"]
 
 
 def _sdpa_classes() -> tuple[type, type]:
