@@ -205,8 +205,10 @@ class OmniServer(StreamServer):
     def _run_one(self, ctx, sess: OmniSession) -> None:
         idx = self._served
         sess.index = idx
+        # an empty prompt means what it means in the harness's own API ("seed {seed}"), never the
+        # driver's per-session default: the same request must make the same video in any session
         control = SessionControl(actions=sess.actions_for, should_cancel=sess.should_cancel, poll_s=0.005,
-                                 prompt=sess.req.start.prompt)
+                                 prompt=sess.req.start.prompt or f"seed {sess.req.seed}")
         original = ctx.driver.on_chunk
         ctx.driver.on_chunk = sess.on_chunk
         sess.write = ctx.write_event
