@@ -17,6 +17,7 @@ line, not a read of whatever happens to be at that path.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import msgspec
@@ -31,6 +32,8 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_JSON_BYTES = 64 << 20
 #: generous ceilings: far above any model this harness serves, far below an allocation that hangs a host
 MAX_PIXELS_SIDE = 8192
+#: the longest wait a config may set (rank_timeout_s, stall_report_s): a week
+MAX_WAIT_S = 7 * 24 * 3600.0
 MAX = {"dim": 65536, "num_layers": 1024, "num_heads": 1024, "ffn_dim": 262144, "text_dim": 65536,
        "text_len": 65536, "freq_dim": 65536, "frames_per_chunk": 64, "fps": 240, "sp": 64, "vae_ranks": 64,
        "ring_slots": 256, "queue_depth": 1024, "max_pending_decodes": 64, "sessions": 1_000_000,
@@ -77,8 +80,14 @@ def check_required(raw: dict, where: str) -> None:
 
 
 def read_bounded(path: str | Path, limit: int, what: str, error: type[HarnessError] = HarnessError) -> bytes:
-    """The file's bytes, refusing anything over ``limit`` without reading it all (``OSError`` is the caller's)."""
-    with open(path, "rb") as f:
+    """The file's bytes, refusing anything over ``limit`` without reading it all, and anything not a
+    regular file without waiting on it (``OSError`` is the caller's)."""
+    # O_NONBLOCK: opening a FIFO nobody writes returns at once instead of waiting for a writer
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise error(f"{path} is not a regular file; not a {what}")
+        os.set_blocking(fd, True)
         raw = f.read(limit + 1)
     if len(raw) > limit:
         raise error(f"{path} is over {limit >> 10} KiB; not a {what}")
@@ -119,9 +128,12 @@ def check_shapes(cfg) -> None:
             raise ConfigError(f"{name} = {value} is outside 1-4096")
     if not (c.sink_frames >= 0 and c.block_size >= 0 and 1 <= c.window_frames <= ROPE_MAX_FRAMES):
         raise ConfigError(f"cache: sink_frames and block_size must be ≥ 0, window_frames in 1-{ROPE_MAX_FRAMES}")
-    if not (m.eps > 0 and r.rank_timeout_s > 0 and r.stall_report_s > 0 and cfg.schedule.num_train_timesteps >= 1):
-        raise ConfigError("model.eps, runtime.rank_timeout_s, runtime.stall_report_s and "
-                          "schedule.num_train_timesteps must be positive")
+    if not cfg.schedule.num_train_timesteps >= 1:
+        raise ConfigError("schedule.num_train_timesteps must be positive")
+    for name, value, ceiling in (("model.eps", m.eps, 1.0), ("runtime.rank_timeout_s", r.rank_timeout_s, MAX_WAIT_S),
+                                 ("runtime.stall_report_s", r.stall_report_s, MAX_WAIT_S)):
+        if not 0 < value <= ceiling:  # nan and inf too: a wait of inf overflows the first timed wait, in a rank
+            raise ConfigError(f"{name} = {value} must be positive, finite and at most {ceiling:g}")
     if not all(0 <= t <= cfg.schedule.num_train_timesteps for t in cfg.schedule.timesteps) or len(cfg.schedule.timesteps) > 1000:
         raise ConfigError(f"schedule.timesteps must lie in 0-{cfg.schedule.num_train_timesteps} (at most 1000 steps)")
     if err := session_frames_error(v.chunks_per_session, v.frames_per_chunk):

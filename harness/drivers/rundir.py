@@ -21,12 +21,14 @@ import numpy
 import torch
 
 from harness.config import REPO_ROOT, to_dict
-from harness.drivers.runstate import claim_out
+from harness.drivers.runstate import claim_out, release_claim
 from harness.errors import HarnessError
 
 
 def new_run_dir(out: str | None, name: str, overwrite: bool = False) -> Path:
     """A fresh run directory: an existing non-empty one is refused unless ``overwrite`` (runstate.claim_out)."""
+    if out is not None and not out.strip():  # not the default directory: the user named one, and it is empty
+        raise HarnessError(f"--out {out!r} is empty; name a directory, or leave --out out for runs/<run_id>")
     if out:
         path = Path(out)
     else:
@@ -34,13 +36,13 @@ def new_run_dir(out: str | None, name: str, overwrite: bool = False) -> Path:
         path = REPO_ROOT / "runs" / f"{stamp}-{name}-{os.getpid()}"
     claim_out(path, overwrite)
     try:
-        path.mkdir(parents=True, exist_ok=True)
         (path / "media").mkdir(exist_ok=True)
         (path / "outputs").mkdir(exist_ok=True)
         probe = path / ".write-probe"
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
+        release_claim(path)
         raise HarnessError(f"output directory {path} is not writable: {e.strerror}") from None
     return path
 

@@ -28,10 +28,11 @@ from harness.drivers.driver import Driver, SessionResult
 from harness.drivers.launcher import LocalLauncher, mps_running, shared_gpus, sharing_warning
 from harness.drivers.ray_launcher import RayLauncher
 from harness.drivers.rundir import manifest, new_run_dir, write_json, write_jsonl
-from harness.drivers.runstate import owner_record, reap_dead_rings
+from harness.drivers.runstate import owner_record, reap_dead_rings, release_claim
 from harness.drivers.signals import ending
 from harness.drivers.signals import received as signals_received
 from harness.engine import backends
+from harness.engine.attention import check_backend
 from harness.errors import HarnessError, RunFailed
 from harness.hooks import DRIVER_REPORT, parse_hooks, trace_report
 from harness.hooks.trace import write_trace
@@ -39,6 +40,7 @@ from harness.limits import check_fits
 from harness.measure.events import ChunkEvent, read_events
 from harness.measure.metrics import Window, window_for
 from harness.measure.summary import SUMMARY_FILE, build_summary, run_summary
+from harness.pipeline.encoder import encoder_class
 from harness.pipeline.ring import FrameRing
 from harness.workers.encoder_worker import check_sink_spec
 
@@ -141,6 +143,8 @@ def _preflight(cfg: HarnessConfig, opts: ServeOptions) -> tuple[HarnessConfig, S
     backends.check(cfg)  # e.g. --engine vllm-omni without the extra: the install command, now
     cfg = configure(opts.candidates, cfg)  # refuses unknown/conflicting/inapplicable ids before anything starts
     check_sink_spec(cfg.runtime.sink)  # a bad sink fails here, not as a dead encoder after launch
+    encoder_class(cfg.runtime.encoder)  # likewise an unknown encoder
+    check_backend(cfg.runtime.attention, cfg.runtime.device)  # and an attention backend, not in every DiT rank
     memory_estimate = check_fits(cfg, device_memory(cfg))  # before the ring or any rank takes memory
     hookset = parse_hooks(opts.hooks)
     return cfg, ServeOptions(**{**opts.__dict__, "hooks": hookset.items()}), memory_estimate
@@ -155,7 +159,11 @@ def _open_run(cfg: HarnessConfig, opts: ServeOptions, memory_estimate: int | Non
                    extra={"status": "running", "owner": owner_record(), "memory_estimate_bytes": memory_estimate,
                           "engine": backends.describe(cfg)})
     man["protocol"].update(opts.protocol, window=msgspec.to_builtins(window_for(cfg.video.chunks_per_session)))
-    _write_manifest(run_dir, man, starting=True)
+    try:
+        _write_manifest(run_dir, man, starting=True)
+    except BaseException:
+        release_claim(run_dir)
+        raise
     return _Run(cfg, opts, run_dir, man, prefix)
 
 
@@ -219,6 +227,7 @@ def _close_run(run: _Run) -> dict:
     run.man.update(status=run.status, error=run.error, ended=_dt.datetime.now(_dt.timezone.utc).isoformat(),
                    summary="summary.json" if unwritten is None else None)
     _write_manifest(run.run_dir, run.man)
+    release_claim(run.run_dir)  # the run has written its last file there
     if ran_ok and unwritten:  # nothing else is in flight: this is the run's error
         raise RunFailed(f"run directory {run.run_dir}: {unwritten}")
     return summary

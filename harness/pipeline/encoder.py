@@ -296,10 +296,14 @@ class FfmpegEncoder(Encoder):
 ENCODERS: dict[str, type[Encoder]] = {c.name: c for c in (PyavEncoder, FfmpegEncoder)}
 
 
-def make_encoder(name: str, width: int, height: int, fps: int = 16, threads: int = 1, **options) -> Encoder:
-    """``options`` are FFV1 encoder options passed through (e.g. ``slices=4``, ``context=1``)."""
+def encoder_class(name: str) -> type[Encoder]:
+    """The encoder named ``name``, or one line naming the known ones (callable before launch)."""
     try:
-        cls = ENCODERS[name]
+        return ENCODERS[name]
     except KeyError:
         raise HarnessError(f"unknown encoder {name!r} (known: {', '.join(sorted(ENCODERS))})") from None
-    return cls(width, height, fps, threads, **options)
+
+
+def make_encoder(name: str, width: int, height: int, fps: int = 16, threads: int = 1, **options) -> Encoder:
+    """``options`` are FFV1 encoder options passed through (e.g. ``slices=4``, ``context=1``)."""
+    return encoder_class(name)(width, height, fps, threads, **options)

@@ -212,6 +212,15 @@ class MemorySink(Sink):
         return b"".join(d for _, d in self.fragments) + bytes(self._buf) + self.tail
 
 
+#: the slowest and fastest consumer a throttled sink plays: below a frame per 1000 s a chunk's pacing
+#: overflows a timed wait (``throttled:1e-300``), above a million frames/s it throttles nothing
+MIN_THROTTLE_FPS, MAX_THROTTLE_FPS = 1e-3, 1e6
+
+
+def throttle_fps_ok(fps: float) -> bool:
+    return MIN_THROTTLE_FPS <= fps <= MAX_THROTTLE_FPS  # nan fails both
+
+
 class ThrottledSink(Sink):
     """Accepts at most ``bytes_per_s`` and/or ``frames_per_s`` by making the writer wait: the
     slow consumer of the backpressure scenarios. Pacing is a virtual clock (each unit of work
@@ -223,8 +232,8 @@ class ThrottledSink(Sink):
     def __init__(self, inner: Sink, *, bytes_per_s: float | None = None, frames_per_s: float | None = None) -> None:
         if not bytes_per_s and not frames_per_s:
             raise HarnessError("throttled sink needs bytes_per_s or frames_per_s")
-        if (bytes_per_s is not None and bytes_per_s <= 0) or (frames_per_s is not None and frames_per_s <= 0):
-            raise HarnessError("throttled sink rates must be positive")
+        if (bytes_per_s is not None and bytes_per_s <= 0) or (frames_per_s is not None and not throttle_fps_ok(frames_per_s)):
+            raise HarnessError(f"throttled sink rates must be positive (frames/s in {MIN_THROTTLE_FPS:g}-{MAX_THROTTLE_FPS:g})")
         super().__init__()
         self.inner = inner
         self.bytes_per_s, self.frames_per_s = bytes_per_s, frames_per_s

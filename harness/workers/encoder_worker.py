@@ -20,7 +20,7 @@ from harness.measure.gates import save_pixels
 from harness.pipeline import messages as M
 from harness.pipeline.encoder import make_encoder
 from harness.pipeline.ring import FrameRing, RingSpec
-from harness.pipeline.sinks import make_sink
+from harness.pipeline.sinks import MAX_THROTTLE_FPS, MIN_THROTTLE_FPS, make_sink, throttle_fps_ok
 from harness.workers.common import WorkerSpec, hooks_on, process_setup, reported_errors
 
 
@@ -65,9 +65,10 @@ def check_sink_spec(spec: str) -> str:
             fps = float(arg)
         except ValueError:
             fps = float("nan")
-        if fps > 0 and fps != float("inf"):
+        if throttle_fps_ok(fps):
             return spec
-        raise HarnessError(f"sink {spec!r}: throttled needs a positive finite frames/s, e.g. throttled:8")
+        raise HarnessError(f"sink {spec!r}: throttled needs a frames/s in {MIN_THROTTLE_FPS:g}-{MAX_THROTTLE_FPS:g}, "
+                           "e.g. throttled:8")
     raise HarnessError(f"unknown sink {spec!r} (known: {', '.join(SINK_SPECS)})")
 
 
