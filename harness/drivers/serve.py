@@ -27,7 +27,7 @@ from harness.config import VAE_TEMPORAL, HarnessConfig
 from harness.drivers.driver import Driver, SessionResult
 from harness.drivers.launcher import LocalLauncher, mps_running, shared_gpus, sharing_warning
 from harness.drivers.ray_launcher import RayLauncher
-from harness.drivers.rundir import manifest, new_run_dir, write_json, write_jsonl
+from harness.drivers.rundir import manifest, new_run_dir, release_reserve, write_json, write_jsonl
 from harness.drivers.runstate import owner_record, reap_dead_rings, release_claim
 from harness.drivers.signals import ending
 from harness.drivers.signals import received as signals_received
@@ -206,12 +206,16 @@ def _reap(run: _Run) -> None:
         run.ring.close()
         run.ring.unlink()
     if run.events_f is not None:
-        run.events_f.close()
+        try:
+            run.events_f.close()
+        except OSError:  # the flush of a line a full disk refused: that failure is already the run's error
+            pass
 
 
 def _close_run(run: _Run) -> dict:
     """Reap, then the summary and the final manifest (how the run ended); returns the summary."""
     _reap(run)
+    release_reserve(run.run_dir)  # a full disk still takes the summary and the manifest
     # serve --listen ends by a signal as its normal way out (graceful: the live session is
     # cancelled, the rest served): complete, and the manifest says which signal
     run.man["stopped_by"] = signals_received()
@@ -303,7 +307,8 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
     write_jsonl(run_dir / "outputs" / "hashes.jsonl", [h for r in results for h in r.chunk_hashes])
     write_jsonl(run_dir / "frames.jsonl", [{"session": r.start.session, "frame_sha256": r.frame_sha256} for r in results])
     path = run_dir / "events.jsonl"
-    events = read_events(path) if path.exists() else []  # stopped during start-up, before the file was opened
+    # stopped during start-up, before the file was opened; a failed run's last line may be cut (a full disk)
+    events = read_events(path, tolerate_partial_tail=status != "complete") if path.exists() else []
     window = window_for(cfg.video.chunks_per_session)  # a short session keeps the part of the window it has
     starts = [r.start for r in results]
     figures = build_summary(events, starts, window=window)

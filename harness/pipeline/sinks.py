@@ -9,6 +9,7 @@ written. ``commit`` is the sink accepting the chunk: it flushes what it must and
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tempfile
@@ -136,29 +137,44 @@ class FileSink(Sink):
             raise HarnessError(f"cannot write {self.part_path}: {e.strerror}") from None
         self.fsync = fsync
 
+    @contextlib.contextmanager
+    def _or_abort(self):
+        """A failed write (a full disk) removes the partial file: nothing half-written is left."""
+        try:
+            yield
+        except OSError:
+            self.abort()
+            raise
+
     def _accept(self, data) -> None:
-        self._f.write(data)
+        with self._or_abort():
+            self._f.write(data)
 
     def seekable(self) -> bool:
         return True
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        return self._f.seek(offset, whence)
+        with self._or_abort():
+            return self._f.seek(offset, whence)
 
     def tell(self) -> int:
         return self._f.tell()
 
     def flush(self) -> None:
-        self._f.flush()
+        with self._or_abort():
+            self._f.flush()
 
     def _deliver(self, chunk: int) -> None:
-        self._f.flush()
-        if self.fsync:
-            os.fsync(self._f.fileno())
+        with self._or_abort():
+            self._f.flush()
+            if self.fsync:
+                os.fsync(self._f.fileno())
 
     def close(self) -> None:
         if self.closed:
             return
+        with self._or_abort():
+            self._f.flush()  # the last buffered bytes can meet a full disk too
         super().close()
         self._f.close()
         os.replace(self.part_path, self.path)
@@ -167,7 +183,10 @@ class FileSink(Sink):
         if self.closed:
             return
         super().abort()
-        self._f.close()
+        try:
+            self._f.close()  # flushes what is buffered: on a full disk that fails too, and the file goes anyway
+        except OSError:
+            pass
         self.part_path.unlink(missing_ok=True)
 
 

@@ -86,9 +86,19 @@ def open_sink(spec: str, media_dir: Path, session: int):
 
 
 def _serve(spec: WorkerSpec, conn, ring) -> None:
+    open_: dict[int, _Open] = {}
+    try:
+        _loop(spec, conn, ring, open_)
+    except BaseException:  # e.g. a full disk: no session's partial media file is left behind
+        for o in open_.values():
+            o.encoder.abort()
+            o.sink.abort()
+        raise
+
+
+def _loop(spec: WorkerSpec, conn, ring, open_: dict[int, _Open]) -> None:
     cfg = spec.cfg
     run_dir = Path(spec.run_dir)
-    open_: dict[int, _Open] = {}
     sink_for: dict[int, str] = {}  # per-session overrides (SetSink) waiting for their OpenSession
     M.send(conn, M.Ready(role="encoder", rank=0, device="cpu", device_name="cpu", info={"encoder": cfg.runtime.encoder}))
     while True:
