@@ -204,6 +204,8 @@ def vae_rank_bytes(cfg) -> int:
         # a stage's 3x3x3 convolutions each keep 2 padded input frames: 2 per residual block
         cache += 2 * 2 * (vae.num_res_blocks + 1) * max(c, dims[i]) * plane * b
         act = max(act, VAE_ACTIVATION_COPIES * (frames + 2) * max(c, dims[i]) * plane * b)
+        if cfg.runtime.device == "cpu":  # torch's CPU conv3d unfolds its input: 27 columns per channel
+            act = max(act, (VAE_ACTIVATION_COPIES + 27) * frames * max(c, dims[i]) * plane * b)
         if i < len(vae.temporal_upsample) and vae.temporal_upsample[i]:
             frames *= 2
     positions = v.latent_h * v.latent_w
