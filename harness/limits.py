@@ -201,11 +201,12 @@ def vae_rank_bytes(cfg) -> int:
     for i, c in enumerate(dims[1:]):
         h, w = v.latent_h << i, (v.latent_w // vr) << i
         plane = (h + 2) * (w + 2)
+        widest = max(c, dims[i] if i == 0 else dims[i] // 2)  # every upsampler halves the channels
         # a stage's 3x3x3 convolutions each keep 2 padded input frames: 2 per residual block
-        cache += 2 * 2 * (vae.num_res_blocks + 1) * max(c, dims[i]) * plane * b
-        act = max(act, VAE_ACTIVATION_COPIES * (frames + 2) * max(c, dims[i]) * plane * b)
+        cache += 2 * 2 * (vae.num_res_blocks + 1) * widest * plane * b
+        act = max(act, VAE_ACTIVATION_COPIES * (frames + 2) * widest * plane * b)
         if cfg.runtime.device == "cpu":  # torch's CPU conv3d unfolds its input: 27 columns per channel
-            act = max(act, (VAE_ACTIVATION_COPIES + 27) * frames * max(c, dims[i]) * plane * b)
+            act = max(act, (VAE_ACTIVATION_COPIES + 27) * frames * widest * plane * b)
         if i < len(vae.temporal_upsample) and vae.temporal_upsample[i]:
             frames *= 2
     positions = v.latent_h * v.latent_w
@@ -289,10 +290,11 @@ def check_fits(cfg, device_bytes: int | None = None) -> dict[str, int]:
                               f"{p.vae_ranks} VAE ranks ({_gib(est['vae_rank'])} each) and the ring; "
                               f"this host has {_gib(host)}")
         return est
+    # what a GPU holds: the process's own footprint stays on the host
+    dit, vae = est["dit_rank"] - PROCESS_BYTES, est["vae_rank"] - PROCESS_BYTES
     shared = not p.dit_devices and not p.vae_devices  # DiT rank r and VAE rank r on GPU r
-    per_gpu = est["dit_rank"] + (est["vae_rank"] if shared else 0) - (PROCESS_BYTES if shared else 0)
-    if device_bytes is not None and max(per_gpu, est["vae_rank"]) - PROCESS_BYTES > device_bytes:
-        raise ConfigError(f"estimated {_gib(max(per_gpu, est['vae_rank']) - PROCESS_BYTES)} per GPU (DiT rank "
-                          f"{_gib(est['dit_rank'] - PROCESS_BYTES)}, VAE rank {_gib(est['vae_rank'] - PROCESS_BYTES)}); "
-                          f"the GPU holds {_gib(device_bytes)}")
+    per_gpu = max(dit + vae if shared else dit, vae)
+    if device_bytes is not None and per_gpu > device_bytes:
+        raise ConfigError(f"estimated {_gib(per_gpu)} per GPU (DiT rank {_gib(dit)}, VAE rank {_gib(vae)}"
+                          f"{', sharing it' if shared else ''}); the GPU holds {_gib(device_bytes)}")
     return est

@@ -29,7 +29,7 @@ from harness.drivers.launcher import LocalLauncher, mps_running, shared_gpus, sh
 from harness.drivers.ray_launcher import RayLauncher
 from harness.drivers.rundir import manifest, new_run_dir, release_reserve, write_json, write_jsonl
 from harness.drivers.runstate import owner_record, reap_dead_rings, release_claim
-from harness.drivers.signals import ending
+from harness.drivers.signals import ending, starting
 from harness.drivers.signals import received as signals_received
 from harness.engine import backends
 from harness.engine.attention import check_backend
@@ -170,11 +170,12 @@ def _open_run(cfg: HarnessConfig, opts: ServeOptions, memory_estimate: int | Non
 def _launch_and_run(run: _Run, on_session: Callable[[SessionResult], None] | None) -> None:
     """The frame ring, the ranks, the control probe, then the sessions."""
     cfg, opts = run.cfg, run.opts
-    run.ring = FrameRing.create(run.prefix, cfg.runtime.ring_slots, ring_slot_bytes(cfg))
-    run.man["ring"] = {"slots": cfg.runtime.ring_slots, "slot_bytes": run.ring.spec.slot_bytes}
-    run.launcher = make_launcher(opts, cfg, str(run.run_dir), msgspec.to_builtins(run.ring.spec))
-    run.events_f = open(run.run_dir / "events.jsonl", "wb")
-    run.launcher.start()
+    with starting():  # serve --listen's graceful stop would otherwise wait for every rank to be ready
+        run.ring = FrameRing.create(run.prefix, cfg.runtime.ring_slots, ring_slot_bytes(cfg))
+        run.man["ring"] = {"slots": cfg.runtime.ring_slots, "slot_bytes": run.ring.spec.slot_bytes}
+        run.launcher = make_launcher(opts, cfg, str(run.run_dir), msgspec.to_builtins(run.ring.spec))
+        run.events_f = open(run.run_dir / "events.jsonl", "wb")
+        run.launcher.start()
     _record_placement(run.man, run.launcher, cfg)
     write_json(run.run_dir / "manifest.json", run.man)
     run.driver = Driver(cfg, run.launcher, run.run_dir, on_chunk=run.on_chunk)

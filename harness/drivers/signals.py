@@ -19,6 +19,7 @@ from typing import Callable
 
 _received: list[str] = []
 _held: list[int] = []  # [depth of held() blocks, signum received meanwhile or 0]
+_starting: list[bool] = []  # non-empty inside starting(): a stop raises even when on_stop is given
 
 
 class Stopped(KeyboardInterrupt):
@@ -40,12 +41,14 @@ def install(on_stop: Callable[[str], None] | None = None) -> bool:
             print(f"{name}: already stopping (teardown under way)", file=sys.stderr, flush=True)
             return
         _received.append(name)
-        if on_stop is None:
-            if _held and _held[0]:
-                _held[1] = signum
+        if on_stop is not None:
+            on_stop(f"server shutting down ({name})")
+            if not _starting:  # the graceful stop takes it from here
                 return
-            raise Stopped(signum)
-        on_stop(f"server shutting down ({name})")
+        if _held and _held[0]:
+            _held[1] = signum
+            return
+        raise Stopped(signum)
 
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, handler)
@@ -66,6 +69,17 @@ def held():
     if _held[0] == 0 and _held[1]:
         signum, _held[1] = _held[1], 0
         raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def starting():
+    """Start-up of a command whose stop is graceful (``on_stop``): nothing is served yet, so a stop
+    signal inside the block stops it at once (``Stopped``) rather than once every rank is ready."""
+    _starting.append(True)
+    try:
+        yield
+    finally:
+        _starting.pop()
 
 
 def received() -> str | None:

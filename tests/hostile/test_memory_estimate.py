@@ -34,45 +34,67 @@ SHAPES = {
     "wide-dit": ["model.dim=512", "model.num_heads=8", "model.ffn_dim=2048"],
 }
 
-_PEAK = r"""
-import json, sys, torch
+# one process imports once, then forks a child per measurement: each child starts where a fresh
+# rank process starts (Python, torch and the harness resident) and reports its own VmHWM
+_PEAKS = r"""
+import json, os, sys, torch
 from harness.config import apply_sets, load_preset
+from harness.engine.backends import build_dit_engine
+from harness.engine.conditions import SessionConditions
 from harness.engine.groups import RankGroup
+from harness.engine.image import conditioning_image_latent
+from harness.engine.vae_engine import VaeEngine
 torch.set_num_threads(1)
-cfg = apply_sets(load_preset("tiny"), ["parallel.sp=1", "parallel.vae_ranks=1", *json.loads(sys.argv[2])])
-if sys.argv[1] == "vae":
-    from harness.engine.vae_engine import VaeEngine
-    eng = VaeEngine(cfg, group=RankGroup.single(), device=torch.device("cpu"))
-    s = eng.start_session()
-    for _ in range(2):
-        eng.decode_chunk(s, torch.randn(16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w))
-else:
-    from harness.engine.backends import build_dit_engine
-    from harness.engine.conditions import SessionConditions
-    from harness.engine.image import conditioning_image_latent
-    eng = build_dit_engine(cfg, group=RankGroup.single(), device=torch.device("cpu"))
-    image = conditioning_image_latent(cfg, 1, torch.device("cpu"))
-    s = eng.start_session(SessionConditions(prompt="a road", seed=1, image_latent=image))
-    for _ in range(2):
-        eng.generate_chunk(s, ["w"] * cfg.video.frames_per_chunk)
-status = open("/proc/self/status").read()
-print(json.dumps({"peak": int(status.split("VmHWM:")[1].split()[0]) * 1024}))
+cpu = torch.device("cpu")
+
+def run(role, sets):
+    cfg = apply_sets(load_preset("tiny"), ["parallel.sp=1", "parallel.vae_ranks=1", *sets])
+    if role == "vae":
+        eng = VaeEngine(cfg, group=RankGroup.single(), device=cpu)
+        s = eng.start_session()
+        for _ in range(2):
+            eng.decode_chunk(s, torch.randn(16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w))
+    else:
+        eng = build_dit_engine(cfg, group=RankGroup.single(), device=cpu)
+        image = conditioning_image_latent(cfg, 1, cpu)
+        s = eng.start_session(SessionConditions(prompt="a road", seed=1, image_latent=image))
+        for _ in range(2):
+            eng.generate_chunk(s, ["w"] * cfg.video.frames_per_chunk)
+    return int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) * 1024
+
+out = {}
+for role, shape, sets in json.loads(sys.argv[1]):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.write(w, str(run(role, sets)).encode())
+        os._exit(0)
+    os.close(w)
+    peak = os.read(r, 64)
+    os.close(r)
+    assert os.waitpid(pid, 0)[1] == 0, (role, shape)
+    out[f"{role}:{shape}"] = int(peak)
+print(json.dumps(out))
 """
 
+CASES = [(role, shape) for role in ("vae", "dit") for shape in SHAPES]
 
-def _measured_peak(role: str, sets: list[str]) -> int:
-    got = subprocess.run([sys.executable, "-c", _PEAK, role, json.dumps(sets)], cwd=REPO, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+@pytest.fixture(scope="module")
+def peaks() -> dict[str, int]:
+    todo = [(role, shape, SHAPES[shape]) for role, shape in CASES]
+    got = subprocess.run([sys.executable, "-c", _PEAKS, json.dumps(todo)], cwd=REPO, capture_output=True, text=True,
+                         timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert got.returncode == 0, got.stderr[-2000:]
-    return json.loads(got.stdout.strip().splitlines()[-1])["peak"]
+    return json.loads(got.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("role", ["vae", "dit"])
-def test_each_rank_estimate_bounds_what_its_process_allocates(role, shape):
+@pytest.mark.parametrize("role, shape", CASES)
+def test_each_rank_estimate_bounds_what_its_process_allocates(role, shape, peaks):
     cfg = apply_sets(load_preset("tiny"), ["parallel.sp=1", "parallel.vae_ranks=1", *SHAPES[shape]])
     est = estimate_bytes(cfg)[f"{role}_rank"]
-    peak = _measured_peak(role, SHAPES[shape])
+    peak = peaks[f"{role}:{shape}"]
     assert peak <= est <= FACTOR * peak, f"{role} {shape}: estimated {est / 2**20:.0f} MiB, peak {peak / 2**20:.0f} MiB"
 
 
