@@ -4,7 +4,8 @@ A process started in the background by a shell (or by a supervisor) may inherit 
 *ignored*; Python then installs no KeyboardInterrupt handler and Ctrl-C or ``kill -INT`` does
 nothing. ``install`` sets both signals explicitly, so either one stops the command the same way:
 the first raises ``Stopped`` (a KeyboardInterrupt, so every ``finally`` tears down as for Ctrl-C)
-or calls ``on_stop`` (the network endpoint's graceful stop); later ones only say that teardown is
+or calls ``on_stop`` (the network endpoint's graceful stop; inside ``starting()``, while its ranks
+start and nothing is served yet, it raises as well); later ones only say that teardown is
 under way, so a second Ctrl-C cannot cut the teardown short and leave processes or shared memory
 behind (teardown is bounded: ranks get a few seconds, then SIGKILL).
 """
