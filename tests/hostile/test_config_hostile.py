@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness import cli
-from harness.config import CONFIG_DIR, load_config, load_preset
+from harness.config import CONFIG_DIR, apply_sets, load_config, load_preset
 from harness.drivers.procwatch import children
 from harness.drivers.rundir import new_run_dir
 from harness.drivers.runstate import release_claim
@@ -72,8 +72,6 @@ def test_values_that_failed_after_launch_are_refused_before_anything_starts(argv
     (["vae.dim_mult=[1, 2, 4, 4, 4]", "vae.temporal_upsample=[true, true, false, false]"], "four stages"),
 ])
 def test_config_validation_refuses_what_the_engine_cannot_run(sets, why):
-    from harness.config import apply_sets
-
     with pytest.raises(ConfigError, match=why.replace("[", r"\[")):
         apply_sets(load_preset("tiny"), sets)
 

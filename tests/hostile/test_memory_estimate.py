@@ -17,6 +17,7 @@ import pytest
 
 from harness import cli
 from harness.config import apply_sets, load_preset
+from harness.drivers.procwatch import children
 from harness.engine.vae import build_vae, parameter_count
 from harness.limits import estimate_bytes, vae_decoder_params, vae_encoder_params
 
@@ -39,6 +40,7 @@ SHAPES = {
 _PEAKS = r"""
 import json, os, sys, torch
 from harness.config import apply_sets, load_preset
+from harness.drivers.procwatch import children
 from harness.engine.backends import build_dit_engine
 from harness.engine.conditions import SessionConditions
 from harness.engine.groups import RankGroup
@@ -113,8 +115,6 @@ REFUSED = [["vae.base_dim=4096"], ["model.text_dim=65536", "model.text_len=65536
 
 @pytest.mark.parametrize("sets", REFUSED, ids=["vae-base-dim", "text", "frame"])
 def test_what_takes_the_host_down_is_refused_before_anything_starts(sets, tmp_path, capsys):
-    from harness.drivers.procwatch import children
-
     cfg = apply_sets(load_preset("tiny"), sets)
     est = estimate_bytes(cfg)
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
