@@ -9,6 +9,7 @@ bad shape is a one-line error before any process starts.
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -27,6 +28,12 @@ LATENT_CHANNELS = 16
 MASK_CHANNELS = 4
 VAE_SPATIAL = 8
 VAE_TEMPORAL = 4
+#: a config's ``name`` and a preset's: one path component of a run directory's name, never a path
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+#: the largest seed a session may run with (torch generators and numpy take 64-bit seeds)
+MAX_SEED = 2**63 - 1
+#: the Wan VAE's stages: three 2x spatial up-samplings give VAE_SPATIAL
+VAE_STAGES = 4
 #: Plücker rays: origin (3) + direction (3) per pixel, pixel-unshuffled by 8 onto the latent grid.
 RAY_CHANNELS = 6
 
@@ -233,12 +240,35 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
             (cfg.runtime.device == "cpu", "engine.backend vllm-omni is verified on CPU only (--device cpu)"),
         ]
 
+    checks += _architecture_checks(cfg)
     check_shapes(cfg)  # sizes first: a negative or absurd dimension is named as such, not as a divisibility
     for ok, msg in checks:
         if not ok:
             raise ConfigError(msg)
     resolve_block_size(cfg.tokens_per_frame, c.block_size)
     return cfg
+
+
+def _architecture_checks(cfg: HarnessConfig) -> list[tuple[bool, str]]:
+    """What the engine fixes and would otherwise refuse only inside a rank, after launch: the
+    name (a path component), the channel layout, the VAE's stages, a usable flow shift and seed."""
+    m, vae, r = cfg.model, cfg.vae, cfg.runtime
+    shift = cfg.schedule.flow_shift
+    return [
+        (NAME_PATTERN.fullmatch(cfg.name) is not None,
+         f"config name {cfg.name!r} must be 1-64 letters, digits, '.', '_' or '-' (it names the run directory)"),
+        (m.in_channels == 2 * LATENT_CHANNELS + MASK_CHANNELS,
+         f"model.in_channels = {m.in_channels}: the DiT takes {2 * LATENT_CHANNELS + MASK_CHANNELS} "
+         "(noisy latent, image latent, mask)"),
+        (m.out_channels == LATENT_CHANNELS, f"model.out_channels = {m.out_channels}: the DiT predicts {LATENT_CHANNELS} latent channels"),
+        (m.patch_size[0] == 1, f"model.patch_size[0] = {m.patch_size[0]}: latent frames map 1:1 to token frames (must be 1)"),
+        (vae.z_dim == LATENT_CHANNELS, f"vae.z_dim = {vae.z_dim}: the DiT's latent has {LATENT_CHANNELS} channels"),
+        (len(vae.dim_mult) == VAE_STAGES, f"vae.dim_mult has {len(vae.dim_mult)} entries: the VAE has four stages "
+                                          f"(its {VAE_SPATIAL}x spatial factor)"),
+        (math.isfinite(shift) and shift > 0, f"schedule.flow_shift = {shift} must be a positive finite number"),
+        (0 <= r.seed <= MAX_SEED - r.sessions, f"runtime.seed = {r.seed} is outside 0-{MAX_SEED - r.sessions} "
+                                               "(session s runs with seed + s)"),
+    ]
 
 
 def preset_names() -> list[str]:
@@ -262,6 +292,8 @@ def load_config(path: str | Path) -> HarnessConfig:
     try:
         cfg = msgspec.toml.decode(raw, type=HarnessConfig)  # unknown keys and wrong types first: the sharper error
         check_required(msgspec.toml.decode(raw), path.name)
+    except RecursionError:  # the TOML parser recurses per nesting level; a small file can nest 10^5 deep
+        raise ConfigError(f"invalid config {path.name}: nested too deeply (a config is a few flat tables)") from None
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         hint = next((renamed_hint(*old.split(".")) for old in RENAMED
                      if f"`{old.split('.')[1]}` - at `$.{old.split('.')[0]}`" in str(e)), "")
@@ -281,6 +313,10 @@ def upgrade_recorded(d: dict) -> dict:
 
 
 def load_preset(name: str) -> HarnessConfig:
+    """A preset by name: a path (``../x``, ``/tmp/x``) would load any file as if it were one of configs/."""
+    if NAME_PATTERN.fullmatch(name) is None:
+        raise ConfigError(f"--preset {name!r} is not a preset name (known: {', '.join(preset_names())}; "
+                          "use --config for a file)")
     path = CONFIG_DIR / f"{name}.toml"
     if not path.is_file():
         raise ConfigError(f"unknown preset {name!r} (known: {', '.join(preset_names())})")
@@ -318,6 +354,8 @@ def apply_sets(cfg: HarnessConfig, sets: list[str] | tuple[str, ...]) -> Harness
             d[section][name] = tomllib.loads(f"v = {text.strip()}")["v"]
         except tomllib.TOMLDecodeError:
             d[section][name] = text.strip()
+        except RecursionError:  # tomllib recurses per nesting level
+            raise ConfigError(f"--set {key.strip()}: the value is nested too deeply") from None
     try:
         return validate(msgspec.convert(d, HarnessConfig))
     except msgspec.ValidationError as e:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import errno
 import hashlib
 import json
 import os
@@ -21,12 +22,14 @@ import numpy
 import torch
 
 from harness.config import REPO_ROOT, to_dict
-from harness.drivers.runstate import claim_out
+from harness.drivers.runstate import claim_out, release_claim
 from harness.errors import HarnessError
 
 
 def new_run_dir(out: str | None, name: str, overwrite: bool = False) -> Path:
     """A fresh run directory: an existing non-empty one is refused unless ``overwrite`` (runstate.claim_out)."""
+    if out is not None and not out.strip():  # not the default directory: the user named one, and it is empty
+        raise HarnessError(f"--out {out!r} is empty; name a directory, or leave --out out for runs/<run_id>")
     if out:
         path = Path(out)
     else:
@@ -34,15 +37,39 @@ def new_run_dir(out: str | None, name: str, overwrite: bool = False) -> Path:
         path = REPO_ROOT / "runs" / f"{stamp}-{name}-{os.getpid()}"
     claim_out(path, overwrite)
     try:
-        path.mkdir(parents=True, exist_ok=True)
         (path / "media").mkdir(exist_ok=True)
         (path / "outputs").mkdir(exist_ok=True)
-        probe = path / ".write-probe"
-        probe.write_bytes(b"")
-        probe.unlink()
+        _reserve(path)  # also the proof that a file can be written there
     except OSError as e:
+        release_claim(path)
         raise HarnessError(f"output directory {path} is not writable: {e.strerror}") from None
     return path
+
+
+#: space held in the run directory from its claim to the run's end, then freed for the last
+#: files (summary, manifest): a disk that fills during the run still gets told how the run ended
+RESERVE_NAME, RESERVE_BYTES = ".space-reserve", 256 << 10
+
+
+def _reserve(path: Path) -> None:
+    fd = os.open(path / RESERVE_NAME, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem without fallocate: write it
+                raise
+            os.write(fd, bytes(RESERVE_BYTES))
+    except OSError:
+        os.close(fd)
+        (path / RESERVE_NAME).unlink(missing_ok=True)
+        raise
+    os.close(fd)
+
+
+def release_reserve(run_dir: Path) -> None:
+    """Free the run directory's reserved space, just before its last files are written."""
+    (Path(run_dir) / RESERVE_NAME).unlink(missing_ok=True)
 
 
 def write_json(path: Path, obj) -> None:

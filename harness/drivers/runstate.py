@@ -15,6 +15,8 @@ but not their PID namespace must give each container its own ``/dev/shm``.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import re
@@ -90,13 +92,52 @@ def refuse_unfinished(run_dir: str | Path, allow_running: bool = False) -> None:
         raise HarnessError(f"{run_dir} is still running; wait for it to end")
 
 
+#: run directories this process has claimed: path → the open descriptor that holds its lock
+_CLAIMS: dict[str, int] = {}
+
+
 def claim_out(path: Path, overwrite: bool) -> None:
-    """Refuse an existing non-empty directory, or clear it first when ``overwrite`` is given and it
-    is a run directory nobody is running in."""
-    if not path.exists():
-        return
-    if not path.is_dir():
+    """Claim ``path`` for one run, atomically: create it if need be and take its lock (held until
+    ``release_claim`` or this process ends), then refuse an existing non-empty directory, or clear it
+    first when ``overwrite`` is given and it is a run directory nobody is running in. Two runs that
+    claim one directory at the same instant cannot both pass the check: the lock orders them."""
+    if path.is_symlink() and not path.exists():
+        raise HarnessError(f"--out {path} is a symbolic link to {os.readlink(path)}, which does not exist")
+    if path.exists() and not path.is_dir():
         raise HarnessError(f"--out {path} exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise HarnessError(f"output directory {path} cannot be created: {e.strerror}") from None
+    _lock(path)
+    try:
+        _refuse_or_clear(path, overwrite)
+    except BaseException:
+        release_claim(path)
+        raise
+
+
+def _lock(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise HarnessError(f"--out {path} is claimed by another run (it holds the directory's lock); "
+                               "choose a new directory") from None
+        raise HarnessError(f"--out {path}: cannot lock the directory: {e.strerror}") from None
+    _CLAIMS[str(path.resolve())] = fd
+
+
+def release_claim(path: Path) -> None:
+    """Let another run claim ``path`` (after this run's last write to it)."""
+    fd = _CLAIMS.pop(str(Path(path).resolve()), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _refuse_or_clear(path: Path, overwrite: bool) -> None:
     if not any(path.iterdir()):
         return
     man = read_manifest(path)

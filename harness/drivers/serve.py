@@ -27,11 +27,12 @@ from harness.config import VAE_TEMPORAL, HarnessConfig
 from harness.drivers.driver import Driver, SessionResult
 from harness.drivers.launcher import LocalLauncher, mps_running, shared_gpus, sharing_warning
 from harness.drivers.ray_launcher import RayLauncher
-from harness.drivers.rundir import manifest, new_run_dir, write_json, write_jsonl
-from harness.drivers.runstate import owner_record, reap_dead_rings
-from harness.drivers.signals import ending
+from harness.drivers.rundir import manifest, new_run_dir, release_reserve, write_json, write_jsonl
+from harness.drivers.runstate import owner_record, reap_dead_rings, release_claim
+from harness.drivers.signals import ending, starting
 from harness.drivers.signals import received as signals_received
 from harness.engine import backends
+from harness.engine.attention import check_backend
 from harness.errors import HarnessError, RunFailed
 from harness.hooks import DRIVER_REPORT, parse_hooks, trace_report
 from harness.hooks.trace import write_trace
@@ -39,6 +40,7 @@ from harness.limits import check_fits
 from harness.measure.events import ChunkEvent, read_events
 from harness.measure.metrics import Window, window_for
 from harness.measure.summary import SUMMARY_FILE, build_summary, run_summary
+from harness.pipeline.encoder import encoder_class
 from harness.pipeline.ring import FrameRing
 from harness.workers.encoder_worker import check_sink_spec
 
@@ -141,6 +143,8 @@ def _preflight(cfg: HarnessConfig, opts: ServeOptions) -> tuple[HarnessConfig, S
     backends.check(cfg)  # e.g. --engine vllm-omni without the extra: the install command, now
     cfg = configure(opts.candidates, cfg)  # refuses unknown/conflicting/inapplicable ids before anything starts
     check_sink_spec(cfg.runtime.sink)  # a bad sink fails here, not as a dead encoder after launch
+    encoder_class(cfg.runtime.encoder, cfg.runtime.container)  # likewise an unknown encoder (for its container)
+    check_backend(cfg.runtime.attention, cfg.runtime.device)  # and an attention backend, not in every DiT rank
     memory_estimate = check_fits(cfg, device_memory(cfg))  # before the ring or any rank takes memory
     hookset = parse_hooks(opts.hooks)
     return cfg, ServeOptions(**{**opts.__dict__, "hooks": hookset.items()}), memory_estimate
@@ -155,18 +159,23 @@ def _open_run(cfg: HarnessConfig, opts: ServeOptions, memory_estimate: int | Non
                    extra={"status": "running", "owner": owner_record(), "memory_estimate_bytes": memory_estimate,
                           "engine": backends.describe(cfg)})
     man["protocol"].update(opts.protocol, window=msgspec.to_builtins(window_for(cfg.video.chunks_per_session)))
-    _write_manifest(run_dir, man, starting=True)
+    try:
+        _write_manifest(run_dir, man, starting=True)
+    except BaseException:
+        release_claim(run_dir)
+        raise
     return _Run(cfg, opts, run_dir, man, prefix)
 
 
 def _launch_and_run(run: _Run, on_session: Callable[[SessionResult], None] | None) -> None:
     """The frame ring, the ranks, the control probe, then the sessions."""
     cfg, opts = run.cfg, run.opts
-    run.ring = FrameRing.create(run.prefix, cfg.runtime.ring_slots, ring_slot_bytes(cfg))
-    run.man["ring"] = {"slots": cfg.runtime.ring_slots, "slot_bytes": run.ring.spec.slot_bytes}
-    run.launcher = make_launcher(opts, cfg, str(run.run_dir), msgspec.to_builtins(run.ring.spec))
-    run.events_f = open(run.run_dir / "events.jsonl", "wb")
-    run.launcher.start()
+    with starting():  # serve --listen's graceful stop would otherwise wait for every rank to be ready
+        run.ring = FrameRing.create(run.prefix, cfg.runtime.ring_slots, ring_slot_bytes(cfg))
+        run.man["ring"] = {"slots": cfg.runtime.ring_slots, "slot_bytes": run.ring.spec.slot_bytes}
+        run.launcher = make_launcher(opts, cfg, str(run.run_dir), msgspec.to_builtins(run.ring.spec))
+        run.events_f = open(run.run_dir / "events.jsonl", "wb")
+        run.launcher.start()
     _record_placement(run.man, run.launcher, cfg)
     write_json(run.run_dir / "manifest.json", run.man)
     run.driver = Driver(cfg, run.launcher, run.run_dir, on_chunk=run.on_chunk)
@@ -198,12 +207,16 @@ def _reap(run: _Run) -> None:
         run.ring.close()
         run.ring.unlink()
     if run.events_f is not None:
-        run.events_f.close()
+        try:
+            run.events_f.close()
+        except OSError:  # the flush of a line a full disk refused: that failure is already the run's error
+            pass
 
 
 def _close_run(run: _Run) -> dict:
     """Reap, then the summary and the final manifest (how the run ended); returns the summary."""
     _reap(run)
+    release_reserve(run.run_dir)  # a full disk still takes the summary and the manifest
     # serve --listen ends by a signal as its normal way out (graceful: the live session is
     # cancelled, the rest served): complete, and the manifest says which signal
     run.man["stopped_by"] = signals_received()
@@ -219,6 +232,7 @@ def _close_run(run: _Run) -> dict:
     run.man.update(status=run.status, error=run.error, ended=_dt.datetime.now(_dt.timezone.utc).isoformat(),
                    summary="summary.json" if unwritten is None else None)
     _write_manifest(run.run_dir, run.man)
+    release_claim(run.run_dir)  # the run has written its last file there
     if ran_ok and unwritten:  # nothing else is in flight: this is the run's error
         raise RunFailed(f"run directory {run.run_dir}: {unwritten}")
     return summary
@@ -294,7 +308,8 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
     write_jsonl(run_dir / "outputs" / "hashes.jsonl", [h for r in results for h in r.chunk_hashes])
     write_jsonl(run_dir / "frames.jsonl", [{"session": r.start.session, "frame_sha256": r.frame_sha256} for r in results])
     path = run_dir / "events.jsonl"
-    events = read_events(path) if path.exists() else []  # stopped during start-up, before the file was opened
+    # stopped during start-up, before the file was opened; a failed run's last line may be cut (a full disk)
+    events = read_events(path, tolerate_partial_tail=status != "complete") if path.exists() else []
     window = window_for(cfg.video.chunks_per_session)  # a short session keeps the part of the window it has
     starts = [r.start for r in results]
     figures = build_summary(events, starts, window=window)

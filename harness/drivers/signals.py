@@ -4,7 +4,8 @@ A process started in the background by a shell (or by a supervisor) may inherit 
 *ignored*; Python then installs no KeyboardInterrupt handler and Ctrl-C or ``kill -INT`` does
 nothing. ``install`` sets both signals explicitly, so either one stops the command the same way:
 the first raises ``Stopped`` (a KeyboardInterrupt, so every ``finally`` tears down as for Ctrl-C)
-or calls ``on_stop`` (the network endpoint's graceful stop); later ones only say that teardown is
+or calls ``on_stop`` (the network endpoint's graceful stop; inside ``starting()``, while its ranks
+start and nothing is served yet, it raises as well); later ones only say that teardown is
 under way, so a second Ctrl-C cannot cut the teardown short and leave processes or shared memory
 behind (teardown is bounded: ranks get a few seconds, then SIGKILL).
 """
@@ -19,6 +20,7 @@ from typing import Callable
 
 _received: list[str] = []
 _held: list[int] = []  # [depth of held() blocks, signum received meanwhile or 0]
+_starting: list[bool] = []  # non-empty inside starting(): a stop raises even when on_stop is given
 
 
 class Stopped(KeyboardInterrupt):
@@ -40,12 +42,14 @@ def install(on_stop: Callable[[str], None] | None = None) -> bool:
             print(f"{name}: already stopping (teardown under way)", file=sys.stderr, flush=True)
             return
         _received.append(name)
-        if on_stop is None:
-            if _held and _held[0]:
-                _held[1] = signum
+        if on_stop is not None:
+            on_stop(f"server shutting down ({name})")
+            if not _starting:  # the graceful stop takes it from here
                 return
-            raise Stopped(signum)
-        on_stop(f"server shutting down ({name})")
+        if _held and _held[0]:
+            _held[1] = signum
+            return
+        raise Stopped(signum)
 
     for s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(s, handler)
@@ -66,6 +70,17 @@ def held():
     if _held[0] == 0 and _held[1]:
         signum, _held[1] = _held[1], 0
         raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def starting():
+    """Start-up of a command whose stop is graceful (``on_stop``): nothing is served yet, so a stop
+    signal inside the block stops it at once (``Stopped``) rather than once every rank is ready."""
+    _starting.append(True)
+    try:
+        yield
+    finally:
+        _starting.pop()
 
 
 def received() -> str | None:

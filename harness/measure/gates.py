@@ -114,8 +114,12 @@ def hash_record(epoch: int, chunk: int, latent: np.ndarray, pixels: np.ndarray, 
 def _write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)  # a crash leaves the old file or none, never a truncated .npy
+    try:
+        tmp.write_bytes(data)
+        tmp.replace(path)  # a crash leaves the old file or none, never a truncated .npy
+    except BaseException:  # a full disk: no truncated .tmp left beside the finished chunks
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def save_latent(run_dir: str | Path, epoch: int, chunk: int, latent: np.ndarray) -> str:

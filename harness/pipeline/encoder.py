@@ -371,14 +371,18 @@ ENCODERS: dict[str, type[Encoder]] = {c.name: c for c in (PyavEncoder, FfmpegEnc
 CONTAINERS: dict[str, dict[str, type[Encoder]]] = {"matroska": ENCODERS, "fmp4": {"pyav": PyavFmp4Encoder}}
 
 
-def make_encoder(name: str, width: int, height: int, fps: int = 16, threads: int = 1, container: str = "matroska",
-                 **options) -> Encoder:
-    """``options`` are codec options passed through (e.g. FFV1's ``slices=4``, ``context=1``)."""
+def encoder_class(name: str, container: str = "matroska") -> type[Encoder]:
+    """The encoder named ``name`` for ``container``, or one line naming the known ones (callable before launch)."""
     known = CONTAINERS.get(container)
     if known is None:
         raise HarnessError(f"unknown container {container!r} (known: {', '.join(sorted(CONTAINERS))})")
     try:
-        cls = known[name]
+        return known[name]
     except KeyError:
         raise HarnessError(f"unknown encoder {name!r} for {container} (known: {', '.join(sorted(known))})") from None
-    return cls(width, height, fps, threads, **options)
+
+
+def make_encoder(name: str, width: int, height: int, fps: int = 16, threads: int = 1, container: str = "matroska",
+                 **options) -> Encoder:
+    """``options`` are codec options passed through (e.g. FFV1's ``slices=4``, ``context=1``)."""
+    return encoder_class(name, container)(width, height, fps, threads, **options)

@@ -9,6 +9,7 @@ written. ``commit`` is the sink accepting the chunk: it flushes what it must and
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tempfile
@@ -136,29 +137,44 @@ class FileSink(Sink):
             raise HarnessError(f"cannot write {self.part_path}: {e.strerror}") from None
         self.fsync = fsync
 
+    @contextlib.contextmanager
+    def _or_abort(self):
+        """A failed write (a full disk) removes the partial file: nothing half-written is left."""
+        try:
+            yield
+        except OSError:
+            self.abort()
+            raise
+
     def _accept(self, data) -> None:
-        self._f.write(data)
+        with self._or_abort():
+            self._f.write(data)
 
     def seekable(self) -> bool:
         return True
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        return self._f.seek(offset, whence)
+        with self._or_abort():
+            return self._f.seek(offset, whence)
 
     def tell(self) -> int:
         return self._f.tell()
 
     def flush(self) -> None:
-        self._f.flush()
+        with self._or_abort():
+            self._f.flush()
 
     def _deliver(self, chunk: int) -> None:
-        self._f.flush()
-        if self.fsync:
-            os.fsync(self._f.fileno())
+        with self._or_abort():
+            self._f.flush()
+            if self.fsync:
+                os.fsync(self._f.fileno())
 
     def close(self) -> None:
         if self.closed:
             return
+        with self._or_abort():
+            self._f.flush()  # the last buffered bytes can meet a full disk too
         super().close()
         self._f.close()
         os.replace(self.part_path, self.path)
@@ -167,7 +183,10 @@ class FileSink(Sink):
         if self.closed:
             return
         super().abort()
-        self._f.close()
+        try:
+            self._f.close()  # flushes what is buffered: on a full disk that fails too, and the file goes anyway
+        except OSError:
+            pass
         self.part_path.unlink(missing_ok=True)
 
 
@@ -212,6 +231,15 @@ class MemorySink(Sink):
         return b"".join(d for _, d in self.fragments) + bytes(self._buf) + self.tail
 
 
+#: the slowest and fastest consumer a throttled sink plays: below a frame per 1000 s a chunk's pacing
+#: overflows a timed wait (``throttled:1e-300``), above a million frames/s it throttles nothing
+MIN_THROTTLE_FPS, MAX_THROTTLE_FPS = 1e-3, 1e6
+
+
+def throttle_fps_ok(fps: float) -> bool:
+    return MIN_THROTTLE_FPS <= fps <= MAX_THROTTLE_FPS  # nan fails both
+
+
 class ThrottledSink(Sink):
     """Accepts at most ``bytes_per_s`` and/or ``frames_per_s`` by making the writer wait: the
     slow consumer of the backpressure scenarios. Pacing is a virtual clock (each unit of work
@@ -223,8 +251,8 @@ class ThrottledSink(Sink):
     def __init__(self, inner: Sink, *, bytes_per_s: float | None = None, frames_per_s: float | None = None) -> None:
         if not bytes_per_s and not frames_per_s:
             raise HarnessError("throttled sink needs bytes_per_s or frames_per_s")
-        if (bytes_per_s is not None and bytes_per_s <= 0) or (frames_per_s is not None and frames_per_s <= 0):
-            raise HarnessError("throttled sink rates must be positive")
+        if (bytes_per_s is not None and bytes_per_s <= 0) or (frames_per_s is not None and not throttle_fps_ok(frames_per_s)):
+            raise HarnessError(f"throttled sink rates must be positive (frames/s in {MIN_THROTTLE_FPS:g}-{MAX_THROTTLE_FPS:g})")
         super().__init__()
         self.inner = inner
         self.bytes_per_s, self.frames_per_s = bytes_per_s, frames_per_s

@@ -21,7 +21,7 @@ from harness.measure.gates import save_pixels
 from harness.pipeline import messages as M
 from harness.pipeline.encoder import make_encoder
 from harness.pipeline.ring import FrameRing, RingSpec
-from harness.pipeline.sinks import make_sink
+from harness.pipeline.sinks import MAX_THROTTLE_FPS, MIN_THROTTLE_FPS, make_sink, throttle_fps_ok
 from harness.workers.common import WorkerSpec, hooks_on, process_setup, reported_errors
 
 
@@ -66,9 +66,10 @@ def check_sink_spec(spec: str) -> str:
             fps = float(arg)
         except ValueError:
             fps = float("nan")
-        if fps > 0 and fps != float("inf"):
+        if throttle_fps_ok(fps):
             return spec
-        raise HarnessError(f"sink {spec!r}: throttled needs a positive finite frames/s, e.g. throttled:8")
+        raise HarnessError(f"sink {spec!r}: throttled needs a frames/s in {MIN_THROTTLE_FPS:g}-{MAX_THROTTLE_FPS:g}, "
+                           "e.g. throttled:8")
     raise HarnessError(f"unknown sink {spec!r} (known: {', '.join(SINK_SPECS)})")
 
 
@@ -88,9 +89,19 @@ def open_sink(spec: str, media_dir: Path, session: int, suffix: str = ".mkv"):
 
 
 def _serve(spec: WorkerSpec, conn, ring) -> None:
+    open_: dict[int, _Open] = {}
+    try:
+        _loop(spec, conn, ring, open_)
+    except BaseException:  # e.g. a full disk: no session's partial media file is left behind
+        for o in open_.values():
+            o.encoder.abort()
+            o.sink.abort()
+        raise
+
+
+def _loop(spec: WorkerSpec, conn, ring, open_: dict[int, _Open]) -> None:
     cfg = spec.cfg
     run_dir = Path(spec.run_dir)
-    open_: dict[int, _Open] = {}
     sink_for: dict[int, str] = {}  # per-session overrides (SetSink) waiting for their OpenSession
     M.send(conn, M.Ready(role="encoder", rank=0, device="cpu", device_name="cpu", info={"encoder": cfg.runtime.encoder}))
     while True:

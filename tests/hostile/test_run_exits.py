@@ -68,6 +68,8 @@ def _stop_one(out: Path, sig: signal.Signals, extra: list[str], when: str) -> St
             wait_for(lambda: _events(out) >= 1, 240, "the first chunk")
         elif when == "start-up":
             wait_for(lambda: (out / "manifest.json").exists(), 120, "the manifest")
+        elif when == "launching":
+            wait_for(lambda: (out / "events.jsonl").exists(), 120, "the launch")
         else:
             assert proc.stdout.readline().decode().startswith("listening on ws://127.0.0.1:")
         workers = descendants(proc.pid)
@@ -116,18 +118,31 @@ def _result(stopped, case: str) -> Stopped:
 
 @pytest.mark.parametrize("case", STOPS)
 def test_serve_with_sigint_ignored_by_its_parent_stops_cleanly(case, stopped):
-    sig, extra, _ = CASES[case]
-    res = _result(stopped, case)
+    sig, extra, when = CASES[case]
+    _assert_stopped_cleanly(_result(stopped, case), sig, serving="--listen" in extra and when == "listening")
+
+
+def test_sigterm_while_a_server_starts_its_ranks_stops_it_then(tmp_path):
+    """``serve --listen`` stopped while its ranks start (events.jsonl is opened just before) stops
+    then, as interrupted, not once every rank is ready (it used to serve, then end complete).
+    Alone, not in the ``stopped`` fixture: its start-up would compete with theirs."""
+    res = _stop_one(tmp_path / "run", signal.SIGTERM, ["--listen", "127.0.0.1:0"], "launching")
+    _assert_stopped_cleanly(res, signal.SIGTERM, serving=False)
+    assert json.loads((res.out / "manifest.json").read_text())["placement"] is None, "stopped once every rank was ready"
+
+
+def _assert_stopped_cleanly(res: Stopped, sig: signal.Signals, serving: bool) -> None:
     out, err = res.out, res.err
-    assert res.rc == (0 if "--listen" in extra else 128 + sig), err[-2000:]
+    assert res.rc == (0 if serving else 128 + sig), err[-2000:]
     man = json.loads((out / "manifest.json").read_text())
     assert man["stopped_by"] == sig.name
-    # a batch serve is interrupted; a server's graceful stop is how it normally ends
-    expect = "complete" if "--listen" in extra else "interrupted"
+    # a batch serve is interrupted, and so is a server still starting; a serving server's graceful
+    # stop is how it normally ends
+    expect = "complete" if serving else "interrupted"
     assert man["status"] == expect and man["error"] == (None if expect == "complete" else f"stopped by {sig.name}")
     assert run_status(out) == expect
     assert json.loads((out / "summary.json").read_text())["status"] == expect
-    assert not list(out.rglob("*.tmp"))
+    assert not list(out.rglob("*.tmp")) and not list(out.rglob("*.part")) and not (out / ".space-reserve").exists()
     assert not wait_gone(res.workers, 15), "worker processes left behind"
     assert not _rings_of(res.pid), "ring segments left behind"
     assert "Traceback" not in err, err[-2000:]
