@@ -77,8 +77,10 @@ _TABLE: tuple[Figure, ...] = (
     Figure(name="fps_mean", label="FPS (mean interval)", keys=("fps_steady",), unit="frames/s", where="metrics.steady_fps",
            formula="Σ frames ÷ Σ intervals over the steady window = mean frames per chunk ÷ mean interval "
                    "(the rate a viewer sees; not frames ÷ P50)"),
-    Figure(name="fps_median", label="FPS P50 (per interval)", keys=("fps_median",), unit="frames/s", where="metrics.fps_values",
-           formula="nearest-rank median over steady intervals of frames(i) ÷ interval(i)"),
+    Figure(name="fps_median", label="FPS at interval P50", keys=("fps_median",), unit="frames/s",
+           where="metrics.median_interval_fps",
+           formula="frames(i) ÷ interval(i) of the one steady interval that is the interval P50 (nearest rank), so "
+                   "the pair read off the same sample for even and odd n"),
     # ---- per-session figures ------------------------------------------------------------
     Figure(name="ttfc_p50", label="TTFC P50 ms", keys=("p50_ms", "ttfc_p50_ms"), unit="ms", where="metrics.ttfc",
            formula="B(chunk 0) − session start per measured session; median over sessions, " + NEAREST_RANK),

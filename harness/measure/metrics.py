@@ -25,6 +25,7 @@ import numpy as np
 
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart
 from harness.measure.stages import HANDOFF, STAGE_NAMES, STAGES
+from harness.measure.stats import nearest_rank_index
 
 SessionKey = tuple[int, int]  # (session, epoch)
 
@@ -240,6 +241,25 @@ def steady_fps(samples: Sequence[Sample]) -> float | None:
 
 def fps_values(samples: Sequence[Sample]) -> np.ndarray:
     return np.array([interval_fps(s.frames, s.ns) for s in samples], dtype=np.float64)
+
+
+def median_interval(samples: Sequence[Sample]) -> Sample | None:
+    """The sample that is the nearest-rank median interval (ties: the earliest in run order).
+
+    The headline's interval P50 and FPS P50 are both read off this one sample: ranking the
+    per-interval FPS instead picks the other middle sample whenever n is even (the rank from the
+    top is not the rank from the bottom), so the pair would not agree.
+    """
+    if not samples:
+        return None
+    ranked = sorted(samples, key=lambda s: s.ns)  # stable: equal intervals keep run order
+    return ranked[nearest_rank_index(len(ranked), 50)]
+
+
+def median_interval_fps(samples: Sequence[Sample]) -> float | None:
+    """Frames ÷ interval of the median interval's sample (``median_interval``)."""
+    s = median_interval(samples)
+    return None if s is None else interval_fps(s.frames, s.ns)
 
 
 # ---- per-session figures -------------------------------------------------------------------

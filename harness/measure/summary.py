@@ -7,7 +7,7 @@ bumped when it changes.
 Every figure here is defined once, with its label and formula, in ``measure.figures`` (the
 keys below are its ``keys``); the report and the console print those labels. In short:
 ``fps_steady`` is Σ frames ÷ Σ intervals (frames ÷ the *mean* interval), ``fps_median`` the
-nearest-rank median of per-interval FPS, percentiles are nearest-rank, ``stages[*].share`` is of the
+frames ÷ interval of the nearest-rank median interval (the same sample as ``p50_ms``), percentiles are nearest-rank, ``stages[*].share`` is of the
 sum of stage means and ``share_of_interval`` of the mean steady interval (> 1 in total under Case E).
 ``blocked`` covers every chunk of every measured session (cancelled ones included: the producer
 really was blocked), not only the steady window.
@@ -191,7 +191,6 @@ def _ci_ms(per_session: list[list[int]], p: float, boot: BootstrapDef, block_len
 
 def boundary_summary(sel: M.Selection, boot: BootstrapDef, block_length: int | None) -> BoundarySummary:
     per_session = sel.per_session()
-    fps = M.fps_values(sel.samples)
     return BoundarySummary(
         intervals=dist(sel.ns()),
         n_sessions=len(per_session),
@@ -201,7 +200,7 @@ def boundary_summary(sel: M.Selection, boot: BootstrapDef, block_length: int | N
         p50_ci_ms=_ci_ms(per_session, 50, boot, block_length),
         p99_ci_ms=_ci_ms(per_session, 99, boot, block_length),
         fps_steady=M.steady_fps(sel.samples),
-        fps_median=S.nearest_rank(fps, 50) if fps.size else None,
+        fps_median=M.median_interval_fps(sel.samples),
     )
 
 
