@@ -122,6 +122,8 @@ def check_shapes(cfg) -> None:
     if not (m.eps > 0 and r.rank_timeout_s > 0 and r.stall_report_s > 0 and cfg.schedule.num_train_timesteps >= 1):
         raise ConfigError("model.eps, runtime.rank_timeout_s, runtime.stall_report_s and "
                           "schedule.num_train_timesteps must be positive")
+    if r.compile_allowance_s < 0 or r.compile_allowance_chunks < 0:
+        raise ConfigError("runtime.compile_allowance_s and runtime.compile_allowance_chunks must be ≥ 0")
     if not all(0 <= t <= cfg.schedule.num_train_timesteps for t in cfg.schedule.timesteps) or len(cfg.schedule.timesteps) > 1000:
         raise ConfigError(f"schedule.timesteps must lie in 0-{cfg.schedule.num_train_timesteps} (at most 1000 steps)")
     if err := session_frames_error(v.chunks_per_session, v.frames_per_chunk):

@@ -24,7 +24,7 @@ import msgspec
 import numpy as np
 
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart
-from harness.measure.stages import HANDOFF, STAGE_NAMES, STAGES
+from harness.measure.stages import HANDOFF, INTERVALS, STAGE_NAMES, STAGES
 from harness.measure.stats import nearest_rank_index
 
 SessionKey = tuple[int, int]  # (session, epoch)
@@ -440,6 +440,32 @@ def steady_stages(
         name: Selection(name, tuple(s), expected, expected - len(s) - negative[name], negative[name], n_cancelled)
         for name, s in samples.items()
     }
+
+
+#: Stages whose first runs compile (torch.compile, autotuning) in a compiled mode: the warm-up figure's stages.
+COMPILED_STAGES: tuple[str, ...] = ("dit", "decode")
+
+
+def warmup_session(events: Sequence[ChunkEvent], window: Window = DEFAULT_WINDOW) -> dict[int, ChunkEvent]:
+    """chunk → event of the run's first warm-up session (the lowest epoch below the window's
+    measured epochs, its lowest session): where a compiled mode compiles."""
+    table = session_table(events)
+    warm = sorted((k for k in table if not window.measured(k[1])), key=lambda k: (k[1], k[0]))
+    return table[warm[0]] if warm else {}
+
+
+def warmup_durations(events: Sequence[ChunkEvent], stage: str, window: Window = DEFAULT_WINDOW) -> list[int]:
+    """The stage's duration on every chunk of the first warm-up session, in chunk order (a chunk
+    that did not record both ends is left out)."""
+    a, b = INTERVALS[stage]
+    chunks = warmup_session(events, window)
+    return [chunks[c].at(b) - chunks[c].at(a) for c in sorted(chunks)
+            if chunks[c].at(a) is not None and chunks[c].at(b) is not None]
+
+
+def excess_over(durations: Sequence[int], typical: float) -> int:
+    """Σ of what each duration spent above ``typical`` (the steady median): the warm-up's extra time."""
+    return int(sum(max(0.0, d - typical) for d in durations))
 
 
 def stage_shares(mean_ns: dict[str, float]) -> dict[str, float]:

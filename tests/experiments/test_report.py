@@ -186,9 +186,11 @@ def headline_labels(lines: list[str]) -> list[str]:
             out += re.split(r"\s{2,}", body)
         elif body.startswith("* "):
             out.append("*")
-        elif ": " in body and not body.startswith(("run directory", "sessions served", "summary flags")) \
-                and " = " not in body:
-            out.append(body.rsplit(": ", 1)[0].split(" @ ")[0])
+        elif body.startswith("flag "):  # "flag NAME: its definition": NAME is the flag's label
+            out.append(body[len("flag "):].split(": ", 1)[0])
+        elif ": " in body and not body.startswith(("run directory", "sessions served", "summary flags", "setting:",
+                                                   "INVALID:")) and " = " not in body:
+            out.append(body.split(": ", 1)[0].split(" @ ")[0])
     return out
 
 
