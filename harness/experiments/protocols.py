@@ -129,7 +129,7 @@ def main(args) -> int:
                                                         hooks=parse_hooks(args.hooks).items(), progress=not args.no_progress,
                                                         announce=announce, **launcher_options(args)),
                        sessions=args.sessions)
-    for line in [*run_headline(res.run_dir, res.summary), *protocol_lines(res.summary), next_line(res.run_dir)]:
+    for line in [*run_headline(res.run_dir, res.summary, with_dir=False), *protocol_lines(res.summary), next_line(res.run_dir)]:
         print(line)
     return 0
 

@@ -14,15 +14,16 @@ from harness.measure.setting import flag_lines, run_setting
 HEADLINE_BOUNDARIES = ("cpu_ready", "encoded", "delivered")
 
 
-def run_headline(run_dir: str | Path, summary: dict) -> list[str]:
-    """Where the run is, what ran, and its headline; the scheduler (which names the handoff figure)
-    is the manifest's, which candidates may have changed from the command line's."""
+def run_headline(run_dir: str | Path, summary: dict, with_dir: bool = True) -> list[str]:
+    """Where the run is (unless the caller printed it at the start), what ran, and its headline;
+    the scheduler (which names the handoff figure) is the manifest's, which candidates may have
+    changed from the command line's."""
     try:
         manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
     except (OSError, ValueError):
         manifest = {}
-    return [f"run directory: {Path(run_dir).resolve()}", run_setting(run_dir, manifest),
-            *headline(summary, manifest.get("scheduler"), manifest.get("mode"))]
+    where = [f"run directory: {Path(run_dir).resolve()}"] if with_dir else []
+    return [*where, run_setting(run_dir, manifest), *headline(summary, manifest.get("scheduler"), manifest.get("mode"))]
 
 
 #: The headline's columns, by figure name (``measure.figures`` defines and labels each). TTFC is a
@@ -73,8 +74,8 @@ def compile_lines(summary: dict, mode: str | None = None) -> list[str]:
     excess = [f"{st} {x['excess_ms']:.1f}" for st, x in stages.items() if x.get("excess_ms") is not None]
     if not first:
         return []
-    why = "mostly compilation" if mode in ("compiled", "deterministic") else "no compilation in this mode"
-    out = [f"  {F.label('warmup_first_chunk')}: " + ", ".join(first) + f" ({mode or '?'} mode: {why})"]
+    why = "mostly compilation" if mode in ("compiled", "deterministic") else "no compilation"
+    out = [f"  {F.label('warmup_first_chunk')}: " + ", ".join(first) + f" ({mode or '?'}: {why})"]
     return out + ([f"  {F.label('warmup_excess')}: " + ", ".join(excess)] if excess else [])
 
 

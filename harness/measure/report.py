@@ -48,7 +48,7 @@ from harness.measure import tails as T
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, read_run
 from harness.measure.stages import INTERVALS, STAGE_NAMES, STAGES
 from harness.measure.setting import flag_lines, run_setting
-from harness.measure.summary import SUMMARY_FILE, build_summary, dist
+from harness.measure.summary import FLAG_STALLED, SCHEMA, SUMMARY_FILE, build_summary, dist
 
 PLOT_BOUNDARIES: tuple[str, ...] = ("cpu_ready", "encoded", "delivered")
 #: Gantt lanes: the process that spends (and times) each segment. Only rank 0 of a DiT or VAE group
@@ -119,12 +119,20 @@ def load_view(run_dir: str | Path) -> RunView:
     manifest = json.loads(read_bounded(d / "manifest.json", MAX_JSON_BYTES, "manifest")) if (d / "manifest.json").is_file() else {}
     if (d / SUMMARY_FILE).is_file():
         summary = json.loads(read_bounded(d / SUMMARY_FILE, MAX_JSON_BYTES, "summary"))
+        if summary.get("schema", 0) < SCHEMA:  # figures of an older rule (e.g. fps_median): recomputed from events
+            figures = build_summary(events, sessions, window=window_of(summary))
+            summary = {**summary, **msgspec.to_builtins(figures), "flags": _kept_flags(summary, figures.flags)}
     else:
         chunks = manifest.get("config", {}).get("video", {}).get("chunks_per_session")
         window = M.window_for(chunks) if chunks else M.DEFAULT_WINDOW
         summary = msgspec.to_builtins(build_summary(events, sessions, window=window))
     labels = run_label(manifest, str(d))
     return RunView(labels, str(d), events, sessions, summary, window_of(summary), manifest, run_setting(d, manifest))
+
+
+def _kept_flags(old: dict, figures_flags: list[str]) -> list[str]:
+    """The recomputed figures' flags and the run's own (``stalled``), which events cannot show."""
+    return sorted(set(figures_flags) | ({FLAG_STALLED} & set(old.get("flags", []))))
 
 
 def unique_labels(views: Sequence[RunView]) -> list[str]:
@@ -268,10 +276,10 @@ def _empty(ax, text: str = "no samples") -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
 
 
-def _save(fig, path: Path, values: dict, settings: Sequence[str] = ()) -> Plotted:
+def _save(fig, path: Path, values: dict, settings: Sequence[str] = (), note: str = "") -> Plotted:
     fig.tight_layout()
-    if settings:  # above the panels; bbox_inches="tight" grows the canvas to keep it
-        fig.suptitle("\n".join(settings), y=1.0, va="bottom", fontsize=7, color="0.25")
+    if settings or note:  # above the panels; bbox_inches="tight" grows the canvas to keep it
+        fig.suptitle("\n".join([*settings, *([note] if note else [])]), y=1.0, va="bottom", fontsize=7, color="0.25")
     fig.savefig(path, dpi=DPI, bbox_inches="tight")  # keeps legends placed outside the axes
     _plt().close(fig)
     return Plotted(path, values)
@@ -387,14 +395,16 @@ def plot_stages(views: Sequence[RunView], labels: Sequence[str], path: Path) -> 
         if interval:
             ax.plot(list(interval), list(interval.values()), "D", color="k", markersize=5,
                     label=f"P50 interval @ {STAGE_REFERENCE}")
-        ax.set_title(f"{l}: per chunk, the P50 of each stage, stacked\n(a stack of medians, not one chunk's latency; "
-                     f"◆ = P50 {STAGE_REFERENCE}(i) − {STAGE_REFERENCE}(i−1))", fontsize=9)
+        ax.set_title(l, fontsize=9)
         ax.set_xlabel("chunk")
         ax.set_ylabel("ms (stage P50s, submit → delivered)")
         if chunks:
             ax.set_xticks(chunks)
     _legend_outside(list(axes[0]), [*STAGE_NAMES, f"P50 interval @ {STAGE_REFERENCE}"])
-    return _save(fig, path, values, settings_of(views, labels))
+    return _save(fig, path, values, settings_of(views, labels),
+                 f"per chunk, the P50 of each stage over measured sessions, stacked: a stack of medians, not one chunk's "
+                 f"latency; ◆ = the chunk's P50 interval {STAGE_REFERENCE}(i) − {STAGE_REFERENCE}(i−1) "
+                 "(under Case E stages of different chunks overlap, so the stack exceeds it)")
 
 
 def plot_timeline(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Plotted:

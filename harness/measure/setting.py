@@ -49,7 +49,7 @@ def _load(host: dict) -> str:
     cpus = host.get("cpus", "?")
     start, end = host.get("load_start"), host.get("load_end")
     if start is None:
-        return f"host ? load, {cpus} CPUs"
+        return "host load not recorded"
     span = f"{start[0]:.2f}" + (f"→{end[0]:.2f}" if end else "")
     return f"host load {span} (1-min, start→end) on {cpus} CPUs"
 
@@ -58,7 +58,7 @@ def setting_parts(manifest: dict, costs: dict[str, float] | None = None) -> list
     """The setting's fields, in reading order (each already labelled)."""
     cfg = manifest.get("config") or {}
     rt, par = cfg.get("runtime") or {}, cfg.get("parallel") or {}
-    devices = [d for d in manifest.get("devices") or [] if d != rt.get("device")]  # GPU names; "cpu" says nothing new
+    devices = [d for d in manifest.get("devices") or [] if d != "cpu"]  # GPU names ("cpu": the encoder's, or a CPU run)
     device = rt.get("device", "?") + (f" ({', '.join(devices)})" if devices else "")
     engine = (manifest.get("engine") or {}).get("backend") or (cfg.get("engine") or {}).get("backend", "?")
     cands = manifest.get("candidates") or []

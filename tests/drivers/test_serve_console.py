@@ -29,7 +29,7 @@ def test_serve_prints_its_run_directory_first_and_a_next_line_that_works(tmp_pat
     lines = out.splitlines()
     run = (tmp_path / "run").resolve()
     assert lines[0] == f"run directory: {run}" and seen == {"workers": [], "events": False, "status": "running"}
-    assert lines[2].startswith("setting: preset tiny · device cpu · mode eager · case-d") and "hooks none" in lines[2]
+    assert lines[1].startswith("setting: preset tiny · device cpu · mode eager · case-d") and "hooks none" in lines[1]
     assert "\r" not in err  # stderr is not a terminal here: no progress bar
     nxt = lines[-1]
     assert nxt.startswith("next: python -m harness report ")
