@@ -328,3 +328,25 @@ def test_report_md_reads_headline_setting_plots_tables_then_only_the_definitions
     # the stage plot marks each chunk's P50 interval: under Case D the stack of P50s ends on it
     stages = R.plot_stages([R.load_view(d)], ["case-d"], tmp_path / "s.png").values["case-d"]
     assert set(stages["interval"]) == set(range(1, 10))
+
+
+def test_a_summary_of_an_older_schema_is_recomputed_from_its_events(tmp_path, tables):
+    """A schema-2 summary's fps_median ranked per-interval FPS (the other middle sample at even n):
+    the report recomputes the figures from events.jsonl by today's rules and keeps the run's stalled flag."""
+    import json
+
+    import msgspec
+
+    from harness.measure.summary import build_summary
+
+    d = hand_run(tmp_path / "old", tables.case_d, {2: {6: {"decode": 50}}})
+    events, starts = tables.case_d({2: {6: {"decode": 50}}})
+    now = msgspec.to_builtins(build_summary(events, starts))
+    old = {**json.loads(json.dumps(now)), "schema": 2, "flags": [*now["flags"], "stalled"], "status": "complete"}
+    old["boundaries"]["cpu_ready"] = {**old["boundaries"]["cpu_ready"], "fps_median": -1.0}
+    old.pop("warmup")
+    (d / "summary.json").write_text(json.dumps(old))
+    view = R.load_view(d)
+    assert view.summary["boundaries"]["cpu_ready"]["fps_median"] == now["boundaries"]["cpu_ready"]["fps_median"]
+    assert view.summary["warmup"] == now["warmup"] and "stalled" in view.summary["flags"]
+    assert view.summary["status"] == "complete"  # how the run went is the run's own record
