@@ -8,7 +8,10 @@ import json
 import os
 import shlex
 
+from helpers.presets import tiny
+
 from harness.cli import main
+from harness.drivers.serve import cpu_sharing_note
 from harness.drivers.procwatch import workers_of
 from harness.experiments import protocols
 
@@ -37,3 +40,9 @@ def test_serve_prints_its_run_directory_first_and_a_next_line_that_works(tmp_pat
     assert argv[:3] == ["python", "-m", "harness"] and argv[4] == str(run)
     assert main(argv[3:]) == 0  # the command it points to works on the finished run
     assert (run / "report.md").is_file() and f"wrote {run / 'report.md'}" in capsys.readouterr().out
+
+
+def test_case_e_on_cpu_gets_the_shared_cores_note():
+    note = cpu_sharing_note(tiny(scheduler="case-e", device="cpu"))
+    assert note.startswith("note: Case E on CPU") and f"{os.cpu_count()} cores" in note
+    assert cpu_sharing_note(tiny(scheduler="case-d", device="cpu")) is None
