@@ -454,13 +454,13 @@ def warmup_session(events: Sequence[ChunkEvent], window: Window = DEFAULT_WINDOW
     return table[warm[0]] if warm else {}
 
 
-def warmup_durations(events: Sequence[ChunkEvent], stage: str, window: Window = DEFAULT_WINDOW) -> list[int]:
-    """The stage's duration on every chunk of the first warm-up session, in chunk order (a chunk
+def warmup_durations(events: Sequence[ChunkEvent], stage: str, window: Window = DEFAULT_WINDOW) -> dict[int, int]:
+    """chunk → the stage's duration on it, over the first warm-up session, in chunk order (a chunk
     that did not record both ends is left out)."""
     a, b = INTERVALS[stage]
     chunks = warmup_session(events, window)
-    return [chunks[c].at(b) - chunks[c].at(a) for c in sorted(chunks)
-            if chunks[c].at(a) is not None and chunks[c].at(b) is not None]
+    return {c: chunks[c].at(b) - chunks[c].at(a) for c in sorted(chunks)
+            if chunks[c].at(a) is not None and chunks[c].at(b) is not None}
 
 
 def excess_over(durations: Sequence[int], typical: float) -> int:

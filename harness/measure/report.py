@@ -563,11 +563,11 @@ def headline_section(view: RunView, label: str) -> list[str]:
     ]
 
 
-def _warmup_rows(s: dict) -> list[str]:
+def _warmup_rows(s: dict, mode: str | None) -> list[str]:
     stages = (s.get("warmup") or {}).get("stages") or {}
     if not stages:
         return []
-    out = ["", f"Warm-up (the first warm-up session, mode {s.get('_mode', '?')}):", "",
+    out = ["", f"Warm-up (the first warm-up session, mode {mode or '?'}):", "",
            "| stage | " + F.label("warmup_first_chunk") + " | " + F.label("stage_p50") + " | " + F.label("warmup_excess") + " |",
            "|---|---:|---:|---:|"]
     for st, x in stages.items():
@@ -577,7 +577,7 @@ def _warmup_rows(s: dict) -> list[str]:
 
 def run_section(view: RunView, label: str) -> list[str]:
     """The run's tables (its headline is in ``headline_section``)."""
-    s = {**view.summary, "_mode": view.manifest.get("mode")}
+    s = view.summary
     w = s.get("window", {})
     sched = view.manifest.get("scheduler")
     lines = [
@@ -606,7 +606,7 @@ def run_section(view: RunView, label: str) -> list[str]:
         d = st["durations"]
         lines.append(f"| {name} | {st['start']} → {st['end']} | {d['n']} | {_f(d['p50_ms'], '{:.2f}')} | "
                      f"{_f(d['mean_ms'], '{:.2f}')} | {_f(st['share'], '{:.1%}')} | {_f(st['share_of_interval'], '{:.1%}')} |")
-    lines += _warmup_rows(s)
+    lines += _warmup_rows(s, view.manifest.get("mode"))
     ho = s.get("handoff", {})
     if ho.get("n"):
         lines += ["", *F.header(HANDOFF_COLUMNS, sched), f"| {_f(ho['p50_ms'], '{:.2f}')} | {ho['n']} |"]

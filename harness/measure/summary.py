@@ -7,8 +7,10 @@ bumped when it changes.
 Every figure here is defined once, with its label and formula, in ``measure.figures`` (the
 keys below are its ``keys``); the report and the console print those labels. In short:
 ``fps_steady`` is Σ frames ÷ Σ intervals (frames ÷ the *mean* interval), ``fps_median`` the
-frames ÷ interval of the nearest-rank median interval (the same sample as ``p50_ms``), percentiles are nearest-rank, ``stages[*].share`` is of the
-sum of stage means and ``share_of_interval`` of the mean steady interval (> 1 in total under Case E).
+frames ÷ interval of the nearest-rank median interval (the same sample as ``p50_ms``),
+percentiles are nearest-rank, ``stages[*].share`` is of the sum of stage means and
+``share_of_interval`` of the mean steady interval (> 1 in total under Case E); ``warmup`` is the
+first warm-up session's compiled stages beside their steady P50 (the compile figure).
 ``blocked`` covers every chunk of every measured session (cancelled ones included: the producer
 really was blocked), not only the steady window.
 """
@@ -241,7 +243,8 @@ def warmup_summary(events: Sequence[ChunkEvent], window: M.Window, stages: dict[
     for st in M.COMPILED_STAGES:
         d = M.warmup_durations(events, st, window)
         p50 = stages[st].durations.p50_ms if st in stages else None
-        out[st] = WarmupStage(ms(d[0]) if d else None, ms(M.excess_over(d, p50 * 1e6)) if d and p50 is not None else None, p50)
+        excess = ms(M.excess_over(list(d.values()), p50 * 1e6)) if d and p50 is not None else None
+        out[st] = WarmupStage(ms(d.get(0)), excess, p50)
     return WarmupSummary(len(M.warmup_session(events, window)), out)
 
 
