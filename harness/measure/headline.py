@@ -75,7 +75,7 @@ def compile_lines(summary: dict, mode: str | None = None) -> list[str]:
     if not first:
         return []
     why = "mostly compilation" if mode in ("compiled", "deterministic") else "no compilation"
-    out = [f"  {F.label('warmup_first_chunk')}: " + ", ".join(first) + f" ({mode or '?'}: {why})"]
+    out = [f"  {F.label('warmup_first_chunk')}: " + ", ".join(first) + f" ({mode or '?'} mode, {why})"]
     return out + ([f"  {F.label('warmup_excess')}: " + ", ".join(excess)] if excess else [])
 
 

@@ -192,7 +192,7 @@ def headline_labels(lines: list[str]) -> list[str]:
             out.append(body[len("flag "):].split(": ", 1)[0])
         elif ": " in body and not body.startswith(("run directory", "sessions served", "summary flags", "setting:",
                                                    "INVALID:")) and " = " not in body:
-            out.append(body.split(": ", 1)[0].split(" @ ")[0])
+            out.append(body.rsplit(": ", 1)[0].split(" @ ")[0])
     return out
 
 

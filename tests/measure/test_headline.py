@@ -55,7 +55,7 @@ def test_warm_up_first_chunk_is_reported_beside_the_steady_median(small_run):
     w = small_run["warmup"]["stages"]["dit"]
     assert w["first_ms"] == pytest.approx(40.0) and w["steady_p50_ms"] == pytest.approx(40.0) and w["excess_ms"] == 0
     line = next(l for l in headline(small_run, mode="compiled") if F.label("warmup_first_chunk") in l)
-    assert "dit 40.0 (steady P50 40.0)" in line and "(compiled: mostly compilation)" in line
+    assert "dit 40.0 (steady P50 40.0)" in line and "(compiled mode, mostly compilation)" in line
 
 
 def test_the_setting_line_says_what_ran():
