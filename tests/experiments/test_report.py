@@ -208,7 +208,7 @@ def summary_figure_keys(summary: dict) -> set[str]:
 
 def ttfc_table(md: str, label: str) -> dict[str, float]:
     """boundary → TTFC P50 from the TTFC table of run ``label`` in report.md."""
-    section = md.split(f"## {label}\n", 1)[1].split("\n## ", 1)[0]
+    section = md.split(f"\n## {label}\n", 1)[1].split("\n## ", 1)[0]  # the run's tables, not its "### label" headline
     rows = section.split("| boundary | n | TTFC P50 ms |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
     return {r.split("|")[1].strip(): float(r.split("|")[3]) for r in rows}
 
