@@ -151,6 +151,11 @@ class RuntimeConfig(_Section):
     #: a stage that owes the driver a reply and sends nothing for this long is reported as stalled
     #: (stderr at once, the summary's ``stalls``); the run goes on until rank_timeout_s gives up
     stall_report_s: float = 10.0
+    #: in a compiled mode (compiled, deterministic), the first ``compile_allowance_chunks`` chunks of a warm-up session may
+    #: compile: their bound is stall_report_s + this (a stall past it is still reported)
+    compile_allowance_s: float = 300.0
+    #: chunk 0 and chunk 1 differ in shape (1 + 4·(latent − 1) frames, then 4·latent), so each compiles
+    compile_allowance_chunks: int = 2
 
 
 class EngineConfig(_Section):

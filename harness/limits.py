@@ -134,6 +134,10 @@ def check_shapes(cfg) -> None:
                                  ("runtime.stall_report_s", r.stall_report_s, MAX_WAIT_S)):
         if not 0 < value <= ceiling:  # nan and inf too: a wait of inf overflows the first timed wait, in a rank
             raise ConfigError(f"{name} = {value} must be positive, finite and at most {ceiling:g}")
+    for name, value in (("runtime.compile_allowance_s", r.compile_allowance_s),
+                        ("runtime.compile_allowance_chunks", r.compile_allowance_chunks)):
+        if not 0 <= value <= MAX_WAIT_S:  # nan and inf too
+            raise ConfigError(f"{name} = {value} must be ≥ 0, finite and at most {MAX_WAIT_S:g}")
     if not all(0 <= t <= cfg.schedule.num_train_timesteps for t in cfg.schedule.timesteps) or len(cfg.schedule.timesteps) > 1000:
         raise ConfigError(f"schedule.timesteps must lie in 0-{cfg.schedule.num_train_timesteps} (at most 1000 steps)")
     if err := session_frames_error(v.chunks_per_session, v.frames_per_chunk):

@@ -30,6 +30,7 @@ from harness.drivers.trajectory import actions_for
 from harness.measure.clock import now
 from harness.measure.events import ChunkEvent, SessionStart
 from harness.measure.gates import save_latent
+from harness.measure.metrics import DEFAULT_WINDOW
 from harness.pipeline import messages as M
 
 
@@ -65,32 +66,60 @@ class SessionControl:
 class StallWatch:
     """Notices a stage that owes a reply and makes no progress (alive, just stuck) within
     ``bound_s`` plus one poll period (≤ 1 s), long before the ``rank_timeout_s`` that gives up.
-    One report per stall: printed at once, and kept (with its full length) for the summary."""
+    One report per stall: printed at once, and kept (with its full length) for the summary.
 
-    def __init__(self, bound_s: float, session: int, epoch: int, sink: list[dict]) -> None:
+    A compiled warm-up compiles on its first chunks: for chunks below ``allowance_chunks`` of the
+    DiT and the VAE the bound is ``bound_s + allowance_s`` (a stall past that is still named), and
+    passing the plain bound there prints a note instead of a stall. ``clock`` is for tests."""
+
+    COMPILING_STAGES = ("dit", "vae")
+
+    def __init__(self, bound_s: float, session: int, epoch: int, sink: list[dict], *, allowance_s: float = 0.0,
+                 allowance_chunks: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
         self.bound_s, self.session, self.epoch, self.sink = bound_s, session, epoch, sink
-        self.since = time.monotonic()
+        self.allowance_s, self.allowance_chunks, self.clock = allowance_s, allowance_chunks, clock
+        self.since = clock()
         self.current: dict | None = None
+        self.noted = False  # the compile note of the current wait was printed
         self.checked = 0.0  # how long the wait had lasted at the previous idle check
 
+    def allowance(self, stage: str, chunk: int) -> float:
+        """The compile allowance that applies to ``stage`` owing ``chunk`` (0 where none does)."""
+        return self.allowance_s if stage in self.COMPILING_STAGES and chunk < self.allowance_chunks else 0.0
+
     def idle(self, stage: str, chunk: int) -> None:
-        waited = time.monotonic() - self.since
-        if self.current is None and waited >= self.bound_s:
+        waited = self.clock() - self.since
+        extra = self.allowance(stage, chunk)
+        if self.current is None and waited >= self.bound_s + extra:
             # previous_check_s < bound_s <= reported_after_s: reported at the first look past the bound
             # (rounded down: rounding to nearest could lift a look just under the bound onto it)
             self.current = {"session": self.session, "epoch": self.epoch, "chunk": chunk, "stage": stage,
                             "reported_after_s": round(waited, 3), "previous_check_s": math.floor(self.checked * 1e3) / 1e3,
-                            "bound_s": self.bound_s, "lasted_s": None}
+                            "bound_s": self.bound_s + extra, "compile_allowance_s": extra, "lasted_s": None}
             self.sink.append(self.current)
             print(f"stall: {stage} made no progress for {waited:.1f} s (session {self.session}, chunk {chunk}); "
                   f"still waiting", file=sys.stderr, flush=True)
+        elif self.current is None and extra and waited >= self.bound_s and not self.noted:
+            self.noted = True
+            print(f"note: {stage} has not answered for {waited:.1f} s on warm-up chunk {chunk} (session {self.session}): "
+                  f"compiling, within the {extra:.0f} s compile allowance (runtime.compile_allowance_s)",
+                  file=sys.stderr, flush=True)
         self.checked = waited
 
     def progress(self) -> None:
         if self.current is not None:
-            self.current["lasted_s"] = round(time.monotonic() - self.since, 3)
+            self.current["lasted_s"] = round(self.clock() - self.since, 3)
             self.current = None
-        self.since, self.checked = time.monotonic(), 0.0
+        self.since, self.checked, self.noted = self.clock(), 0.0, False
+
+
+def stall_watch(cfg: HarnessConfig, session: int, epoch: int, sink: list[dict]) -> StallWatch:
+    """The session's watch: a compile allowance only where compiling happens (the compiled mode's
+    warm-up epochs; measured epochs run compiled code and get the plain bound)."""
+    rt = cfg.runtime
+    compiling = rt.mode != "eager" and not DEFAULT_WINDOW.measured(epoch)  # compiled and deterministic both compile
+    return StallWatch(rt.stall_report_s, session, epoch, sink, allowance_s=rt.compile_allowance_s if compiling else 0.0,
+                      allowance_chunks=rt.compile_allowance_chunks if compiling else 0)
 
 
 @dataclass
@@ -184,7 +213,7 @@ class Driver:
         chunk is delivered (or, once cancelled, every chunk in flight is finished and discarded)."""
         L, ctl, timeout = self.launcher, s.ctl, self.cfg.runtime.rank_timeout_s
         deadline = time.monotonic() + timeout
-        watch = StallWatch(self.cfg.runtime.stall_report_s, s.session, s.epoch, self.stalls)
+        watch = stall_watch(self.cfg, s.session, s.epoch, self.stalls)
         while s.done < s.target:
             if not s.cancelled and ctl.should_cancel is not None and ctl.should_cancel(s.start_ns, s.stamps):
                 s.cancel()

@@ -66,6 +66,9 @@ class ServeOptions:
     launcher_options: dict = field(default_factory=dict)
     #: clear an existing run directory at ``out`` first (otherwise a non-empty one is refused)
     overwrite: bool = False
+    #: called with the run directory (absolute) once it is claimed, before any process starts
+    #: (the ``serve`` command prints it, so a reader knows where to look while the run goes)
+    announce: Callable[[Path], None] | None = None
 
 
 @dataclass
@@ -100,6 +103,8 @@ def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionR
     cfg, opts, memory_estimate = _preflight(cfg, opts)
     run = _open_run(cfg, opts, memory_estimate)
     try:  # from here every exit path (a signal during start-up included) ends in the finally below
+        if opts.announce is not None:
+            opts.announce(run.run_dir.resolve())
         _launch_and_run(run, on_session)
         run.status = "complete"
     except BaseException as e:
@@ -157,7 +162,7 @@ def _open_run(cfg: HarnessConfig, opts: ServeOptions, memory_estimate: int | Non
     prefix = f"harness-{os.getpid()}-{secrets.token_hex(3)}"
     man = manifest(cfg, candidates=opts.candidates, hooks=opts.hooks, placement=None, devices=None,
                    extra={"status": "running", "owner": owner_record(), "memory_estimate_bytes": memory_estimate,
-                          "engine": backends.describe(cfg)})
+                          "engine": backends.describe(cfg), "host": {"cpus": os.cpu_count(), "load_start": host_load()}})
     man["protocol"].update(opts.protocol, window=msgspec.to_builtins(window_for(cfg.video.chunks_per_session)))
     try:
         _write_manifest(run_dir, man, starting=True)
@@ -231,6 +236,7 @@ def _close_run(run: _Run) -> dict:
         run.status, run.error = "failed", f"{run.error}; {unwritten}" if run.error else unwritten
     run.man.update(status=run.status, error=run.error, ended=_dt.datetime.now(_dt.timezone.utc).isoformat(),
                    summary="summary.json" if unwritten is None else None)
+    run.man.setdefault("host", {})["load_end"] = host_load()
     _write_manifest(run.run_dir, run.man)
     release_claim(run.run_dir)  # the run has written its last file there
     if ran_ok and unwritten:  # nothing else is in flight: this is the run's error
@@ -259,8 +265,27 @@ def _record_placement(man: dict, launcher, cfg: HarnessConfig) -> None:
     places = {r: [p.ready.device for p in launcher.procs if p.role == r] for r in ("dit", "vae")}
     mps = mps_running()
     man["gpu_sharing"] = {"shared": shared_gpus(places), "mps": mps}
-    if note := sharing_warning(places, cfg.runtime.scheduler, mps):
-        print(note, file=sys.stderr)
+    for note in (sharing_warning(places, cfg.runtime.scheduler, mps), cpu_sharing_note(cfg)):
+        if note:
+            print(note, file=sys.stderr)
+
+
+def host_load() -> list[float] | None:
+    """The 1-, 5- and 15-minute load averages (None where the platform has none): a busy host
+    slows every stage, so the setting line shows it beside the figures."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def cpu_sharing_note(cfg: HarnessConfig) -> str | None:
+    """Case E on CPU: the DiT and VAE ranks are processes sharing the host's cores, as ranks on one
+    GPU without MPS share it, so decode overlaps the DiT only as far as spare cores allow."""
+    if cfg.runtime.scheduler != "case-e" or cfg.runtime.device != "cpu":
+        return None
+    return (f"note: Case E on CPU: the DiT and VAE ranks are processes sharing this host's {os.cpu_count()} cores, "
+            "so decode cannot overlap the DiT beyond the spare cores; on a small box Case E is slower than Case D")
 
 
 def _run_sessions(cfg: HarnessConfig, opts: ServeOptions, driver: Driver, launcher, run_dir: Path, on_chunk,
@@ -331,7 +356,9 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
 
 
 def _progress(cfg: HarnessConfig, enabled: bool):
-    if not enabled:
+    """A progress bar on an interactive stderr only: redirected to a log it would write a ``\\r`` line
+    per update."""
+    if not enabled or not sys.stderr.isatty():
         return None
     return tqdm(total=cfg.runtime.sessions * cfg.video.chunks_per_session, unit="chunk", desc="serve", leave=False)
 

@@ -13,6 +13,8 @@ The protocol is recorded in the manifest (``protocol.name``, sessions, window) a
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
 from typing import Literal
 
 import msgspec
@@ -137,8 +139,19 @@ def main(args) -> int:
     cfg = resolve_config(args)
     res = run_protocol(args.protocol, cfg, ServeOptions(out=args.out, overwrite=args.overwrite, candidates=tuple(args.candidate),
                                                         hooks=parse_hooks(args.hooks).items(), progress=not args.no_progress,
-                                                        **launcher_options(args)),
+                                                        announce=announce, **launcher_options(args)),
                        sessions=args.sessions)
-    for line in [*run_headline(res.run_dir, res.summary), *protocol_lines(res.summary)]:
+    for line in [*run_headline(res.run_dir, res.summary, with_dir=False), *protocol_lines(res.summary), next_line(res.run_dir)]:
         print(line)
     return 0
+
+
+def announce(run_dir) -> None:
+    """Where the run writes, before anything starts (flushed: a redirected log shows it at once)."""
+    print(f"run directory: {run_dir}", flush=True)
+
+
+def next_line(run_dir) -> str:
+    """What to run next on this run directory: commands that work now (the report is not written yet)."""
+    d = shlex.quote(str(Path(run_dir).resolve()))
+    return f"next: python -m harness report {d}   (writes report.md and its plots into the run directory)"

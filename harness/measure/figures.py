@@ -77,8 +77,10 @@ _TABLE: tuple[Figure, ...] = (
     Figure(name="fps_mean", label="FPS (mean interval)", keys=("fps_steady",), unit="frames/s", where="metrics.steady_fps",
            formula="Σ frames ÷ Σ intervals over the steady window = mean frames per chunk ÷ mean interval "
                    "(the rate a viewer sees; not frames ÷ P50)"),
-    Figure(name="fps_median", label="FPS P50 (per interval)", keys=("fps_median",), unit="frames/s", where="metrics.fps_values",
-           formula="nearest-rank median over steady intervals of frames(i) ÷ interval(i)"),
+    Figure(name="fps_median", label="FPS at interval P50", keys=("fps_median",), unit="frames/s",
+           where="metrics.median_interval_fps",
+           formula="frames(i) ÷ interval(i) of the one steady interval that is the interval P50 (nearest rank), so "
+                   "the pair read off the same sample for even and odd n"),
     # ---- per-session figures ------------------------------------------------------------
     Figure(name="ttfc_p50", label="TTFC P50 ms", keys=("p50_ms", "ttfc_p50_ms"), unit="ms", where="metrics.ttfc",
            formula="B(chunk 0) − session start per measured session; median over sessions, " + NEAREST_RANK),
@@ -92,6 +94,14 @@ _TABLE: tuple[Figure, ...] = (
            formula="nearest-rank median over sessions of all frames ÷ rollout time"),
     Figure(name="frames_per_session", label="frames per session", keys=("frames_per_session",), unit="frames",
            where="metrics.rollouts", formula="pixel frames of a whole session (first chunk 1 + 4·(latent − 1), then 4·latent)"),
+    # ---- warm-up (compilation) -------------------------------------------------------------
+    Figure(name="warmup_first_chunk", label="warm-up first chunk ms", keys=("first_ms", "steady_p50_ms"), unit="ms",
+           where="summary.warmup_summary",
+           formula="per compiled stage (dit, decode), its duration on chunk 0 of the first warm-up session, beside its "
+                   "steady P50: in a compiled mode the difference is mostly compilation"),
+    Figure(name="warmup_excess", label="warm-up excess ms", keys=("excess_ms",), unit="ms", where="metrics.excess_over",
+           formula="Σ over the first warm-up session's chunks of (stage duration − its steady P50, when positive): "
+                   "the time compilation and first-touch allocation added"),
     # ---- handoff ------------------------------------------------------------------------
     Figure(name="handoff_p50", label="handoff cpu_ready(i−1) → dit_start(i) P50 ms", keys=("p50_ms",), unit="ms",
            where="metrics.handoffs",
@@ -235,6 +245,27 @@ _TABLE: tuple[Figure, ...] = (
                    "A2P at playout (means add up; medians do not)"),
 )
 
+#: The validity flags of ``summary.json`` (``summary.flags_and_validity``; ``stalled`` from ``summary.run_summary``),
+#: one figure each: the console headline and report.md print every raised flag with this definition.
+_FLAGS: tuple[tuple[str, str], ...] = (
+    ("empty", "the run recorded no chunk event at all (invalid)"),
+    ("no_measured_sessions", "no measured, non-cancelled session: every session was warm-up or cancelled (invalid)"),
+    ("reference_boundary_absent", "the reference boundary (cpu_ready) was never recorded, so there is no headline (invalid)"),
+    ("too_few_samples", "fewer than 100 steady intervals at the reference boundary: every P99 shown is the maximum "
+                        "(marked *), and tail figures are not estimates"),
+    ("one_session_ci_degenerate", "only one session gave steady intervals: a bootstrap over sessions has nothing to "
+                                  "resample, so its 95 % CIs are a single point"),
+    ("missing_boundaries", "some steady sample slots had a boundary unrecorded and were skipped (skipped (missing))"),
+    ("has_cancelled", "some sessions were cancelled: counted, but they give no sample"),
+    ("order_violations", "some chunk's boundaries are out of order or recorded twice: the table contradicts itself (invalid)"),
+    ("no_session_starts", "no session start was recorded: TTFC and rollout figures are absent"),
+    ("stalled", "a stage owing the driver a reply made no progress for runtime.stall_report_s (plus "
+                "runtime.compile_allowance_s on a compiled warm-up's first chunks); the stalls are listed in summary.json"),
+)
+_TABLE = _TABLE + tuple(Figure(name=f"flag_{n}", label=n, keys=(), unit="flag", where="summary.flags_and_validity",
+                               formula=d) for n, d in _FLAGS)
+FLAG_NAMES: tuple[str, ...] = tuple(n for n, _ in _FLAGS)
+
 FIGURES: dict[str, Figure] = {f.name: f for f in _TABLE}
 
 
@@ -243,6 +274,11 @@ def define(name: str) -> Figure:
         return FIGURES[name]
     except KeyError:
         raise KeyError(f"figure {name!r} is not defined in harness.measure.figures") from None
+
+
+def flag_figure(flag: str) -> str:
+    """The figure that defines a summary flag (``too_few_samples`` → ``flag_too_few_samples``)."""
+    return f"flag_{flag}"
 
 
 def label(name: str, scheduler: str | None = None) -> str:

@@ -1,5 +1,6 @@
-"""The console headline a run prints at its end (``serve``, ``serve --listen``): every label is a
-``measure.figures`` label, so the console, ``summary.json`` and the report name a figure alike."""
+"""The console headline a run prints at its end (``serve``, ``serve --listen``): the setting line
+(``measure.setting``), then a table whose every label is a ``measure.figures`` label, so the
+console, ``summary.json`` and the report name a figure alike; then every raised flag, defined."""
 
 from __future__ import annotations
 
@@ -7,28 +8,39 @@ import json
 from pathlib import Path
 
 from harness.measure import figures as F
+from harness.measure.setting import flag_lines, run_setting
+
+#: the boundaries the headline has a row for, in data-flow order
+HEADLINE_BOUNDARIES = ("cpu_ready", "encoded", "delivered")
 
 
-def run_headline(run_dir: str | Path, summary: dict) -> list[str]:
-    """Where the run is, and its headline; the scheduler (which names the handoff figure) is the
-    manifest's, which candidates may have changed from the command line's."""
+def run_headline(run_dir: str | Path, summary: dict, with_dir: bool = True) -> list[str]:
+    """Where the run is (unless the caller printed it at the start), what ran, and its headline;
+    the scheduler (which names the handoff figure) is the manifest's, which candidates may have
+    changed from the command line's."""
     try:
-        scheduler = json.loads((Path(run_dir) / "manifest.json").read_text()).get("scheduler")
+        manifest = json.loads((Path(run_dir) / "manifest.json").read_text())
     except (OSError, ValueError):
-        scheduler = None
-    return [f"run directory: {run_dir}", *headline(summary, scheduler)]
+        manifest = {}
+    where = [f"run directory: {Path(run_dir).resolve()}"] if with_dir else []
+    return [*where, run_setting(run_dir, manifest), *headline(summary, manifest.get("scheduler"), manifest.get("mode"))]
 
 
-#: The headline's columns, by figure name (``measure.figures`` defines and labels each).
-HEADLINE_COLUMNS = ("boundary", "fps_mean", "fps_median", "interval_p50", "interval_p99", "n")
+#: The headline's columns, by figure name (``measure.figures`` defines and labels each). TTFC is a
+#: column, so each row's TTFC is at that row's boundary — the same cell report.md prints.
+HEADLINE_COLUMNS = ("boundary", "fps_mean", "fps_median", "interval_p50", "interval_p99", "ttfc_p50", "n")
 
 
-def headline(summary: dict, scheduler: str | None = None) -> list[str]:
+def _ms(d: dict | None) -> str:
+    return "—" if not d or d.get("p50_ms") is None else f"{d['p50_ms']:.1f}"
+
+
+def headline(summary: dict, scheduler: str | None = None, mode: str | None = None) -> list[str]:
     """The console headline: every label is a ``measure.figures`` label (one definition each)."""
     rows: list[list[str]] = []
-    bounds = summary.get("boundaries", {})
+    bounds, ttfc = summary.get("boundaries", {}), summary.get("ttfc", {})
     flagged = False
-    for name in ("cpu_ready", "encoded", "delivered"):
+    for name in HEADLINE_BOUNDARIES:
         b = bounds.get(name)
         if not b or not b["intervals"]["n"]:
             rows.append([name, "no steady samples"])
@@ -36,18 +48,36 @@ def headline(summary: dict, scheduler: str | None = None) -> list[str]:
         iv = b["intervals"]
         flagged |= iv["p99_is_max"]
         rows.append([name, f"{b['fps_steady']:.2f}", "—" if b.get("fps_median") is None else f"{b['fps_median']:.2f}",
-                     f"{iv['p50_ms']:.1f}", f"{iv['p99_ms']:.1f}" + ("*" if iv["p99_is_max"] else ""), str(iv["n"])])
+                     f"{iv['p50_ms']:.1f}", f"{iv['p99_ms']:.1f}" + ("*" if iv["p99_is_max"] else ""),
+                     _ms(ttfc.get(name)), str(iv["n"])])
     out = F.console_table(HEADLINE_COLUMNS, rows)
     if flagged:
         out.append(f"  {F.label('p99_is_max')} {F.define('p99_is_max').formula}")
-    ttfc = summary.get("ttfc", {}).get("delivered", {})
-    if ttfc.get("p50_ms") is not None:
-        out.append(f"  {F.label('ttfc_p50')} @ delivered: {ttfc['p50_ms']:.1f}")
     h = summary.get("handoff", {})
     if h.get("p50_ms") is not None:
         out.append(f"  {F.label('handoff_p50', scheduler)}: {h['p50_ms']:.2f}")
-    out.append(f"  {F.label('fps_mean')} = Σ frames ÷ Σ intervals; percentiles are nearest-rank; every figure is "
-               "defined in report.md and the README (Figures)")
+    out += compile_lines(summary, mode)
+    out.append(f"  {F.label('fps_mean')} = Σ frames ÷ Σ intervals; {F.label('fps_median')} = frames ÷ that interval; "
+               "percentiles are nearest-rank; every figure is defined in report.md and the README (Figures)")
     if not summary.get("valid", True):
-        out.append(f"  summary flags: {', '.join(summary.get('flags', []))}")
-    return out
+        out.append("  INVALID: the figures above are not a measurement (see the flags marked invalid)")
+    return out + flag_lines(summary.get("flags", []))
+
+
+def compile_lines(summary: dict, mode: str | None = None) -> list[str]:
+    """The warm-up's first chunk beside the steady median, and the warm-up's excess
+    (``summary.warmup``): what compilation (in a compiled mode) and first-touch allocation cost, on
+    its own line rather than hidden in a stall."""
+    stages = (summary.get("warmup") or {}).get("stages") or {}
+    first = [f"{st} {x['first_ms']:.1f} (steady P50 {_num(x.get('steady_p50_ms'))})" for st, x in stages.items()
+             if x.get("first_ms") is not None]
+    excess = [f"{st} {x['excess_ms']:.1f}" for st, x in stages.items() if x.get("excess_ms") is not None]
+    if not first:
+        return []
+    why = "mostly compilation" if mode in ("compiled", "deterministic") else "no compilation"
+    out = [f"  {F.label('warmup_first_chunk')}: " + ", ".join(first) + f" ({mode or '?'} mode, {why})"]
+    return out + ([f"  {F.label('warmup_excess')}: " + ", ".join(excess)] if excess else [])
+
+
+def _num(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1f}"

@@ -24,7 +24,8 @@ import msgspec
 import numpy as np
 
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart
-from harness.measure.stages import HANDOFF, STAGE_NAMES, STAGES
+from harness.measure.stages import HANDOFF, INTERVALS, STAGE_NAMES, STAGES
+from harness.measure.stats import nearest_rank_index
 
 SessionKey = tuple[int, int]  # (session, epoch)
 
@@ -242,6 +243,25 @@ def fps_values(samples: Sequence[Sample]) -> np.ndarray:
     return np.array([interval_fps(s.frames, s.ns) for s in samples], dtype=np.float64)
 
 
+def median_interval(samples: Sequence[Sample]) -> Sample | None:
+    """The sample that is the nearest-rank median interval (ties: the earliest in run order).
+
+    The headline's interval P50 and FPS P50 are both read off this one sample: ranking the
+    per-interval FPS instead picks the other middle sample whenever n is even (the rank from the
+    top is not the rank from the bottom), so the pair would not agree.
+    """
+    if not samples:
+        return None
+    ranked = sorted(samples, key=lambda s: s.ns)  # stable: equal intervals keep run order
+    return ranked[nearest_rank_index(len(ranked), 50)]
+
+
+def median_interval_fps(samples: Sequence[Sample]) -> float | None:
+    """Frames ÷ interval of the median interval's sample (``median_interval``)."""
+    s = median_interval(samples)
+    return None if s is None else interval_fps(s.frames, s.ns)
+
+
 # ---- per-session figures -------------------------------------------------------------------
 
 
@@ -420,6 +440,32 @@ def steady_stages(
         name: Selection(name, tuple(s), expected, expected - len(s) - negative[name], negative[name], n_cancelled)
         for name, s in samples.items()
     }
+
+
+#: Stages whose first runs compile (torch.compile, autotuning) in a compiled mode: the warm-up figure's stages.
+COMPILED_STAGES: tuple[str, ...] = ("dit", "decode")
+
+
+def warmup_session(events: Sequence[ChunkEvent], window: Window = DEFAULT_WINDOW) -> dict[int, ChunkEvent]:
+    """chunk → event of the run's first warm-up session (the lowest epoch below the window's
+    measured epochs, its lowest session): where a compiled mode compiles."""
+    table = session_table(events)
+    warm = sorted((k for k in table if not window.measured(k[1])), key=lambda k: (k[1], k[0]))
+    return table[warm[0]] if warm else {}
+
+
+def warmup_durations(events: Sequence[ChunkEvent], stage: str, window: Window = DEFAULT_WINDOW) -> dict[int, int]:
+    """chunk → the stage's duration on it, over the first warm-up session, in chunk order (a chunk
+    that did not record both ends is left out)."""
+    a, b = INTERVALS[stage]
+    chunks = warmup_session(events, window)
+    return {c: chunks[c].at(b) - chunks[c].at(a) for c in sorted(chunks)
+            if chunks[c].at(a) is not None and chunks[c].at(b) is not None}
+
+
+def excess_over(durations: Sequence[int], typical: float) -> int:
+    """Σ of what each duration spent above ``typical`` (the steady median): the warm-up's extra time."""
+    return int(sum(max(0.0, d - typical) for d in durations))
 
 
 def stage_shares(mean_ns: dict[str, float]) -> dict[str, float]:

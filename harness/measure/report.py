@@ -2,19 +2,28 @@
 
 Plots (matplotlib, Agg backend: headless, no display needed):
 
-- ``intervals_hist.png`` / ``intervals_cdf.png``: steady delivery intervals per boundary, runs overlaid.
+- ``intervals.png`` / ``intervals_cdf.png``: steady delivery intervals per boundary, runs overlaid
+  (a histogram; a strip of every sample when there are fewer than ``STRIP_BELOW``, where a
+  histogram says nothing).
 - ``stages_per_chunk.png``: per chunk index, the nearest-rank P50 of every stage of
-  ``measure.stages`` over the measured sessions, stacked; one panel per run (Case D vs Case E).
-- ``timeline.png``: one measured session as a Gantt chart, one lane per process of the run (the
-  driver, every DiT and VAE rank, the encoder, the sink or client); one panel per run.
+  ``measure.stages`` over the measured sessions, stacked — a stack of medians, not any one chunk's
+  latency — with the chunk's P50 delivery interval at the reference boundary marked (under Case E
+  the stack exceeds it: stages of different chunks overlap); one panel per run.
+- ``timeline.png``: one measured session as a Gantt chart, one lane per process that timed what
+  it shows (the driver, DiT rank 0 and VAE rank 0 — the other ranks of a group run in lockstep and
+  record nothing — the encoder, the client); one panel per run.
 - ``ttfc.png``: TTFC per boundary (nearest-rank P50 — the report's table — with min–max
   whiskers over sessions), runs grouped.
 - ``slowest_intervals.png`` (long-tail runs): the slowest steady intervals, each broken down by
   stage, beside the median chunk.
 
-Every plot and table computes its figures with the same functions (``summary.dist`` over
-``metrics``), labels them from ``measure.figures``, and each plot function returns the values it
-drew (``Plotted``) so that what is drawn can be tested without reading pixels.
+Every plot is titled with its runs' setting lines (``measure.setting``). Every plot and table
+computes its figures with the same functions (``summary.dist`` over ``metrics``), labels them
+from ``measure.figures``, and each plot function returns the values it drew (``Plotted``) so that
+what is drawn can be tested without reading pixels.
+
+``report.md`` reads top to bottom: the headline of each run under its setting line, the plots,
+the tables, then the definitions of the figures the report printed (and no others).
 """
 
 from __future__ import annotations
@@ -38,16 +47,21 @@ from harness.measure import stats as S
 from harness.measure import tails as T
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, read_run
 from harness.measure.stages import INTERVALS, STAGE_NAMES, STAGES
-from harness.measure.summary import SUMMARY_FILE, build_summary, dist
+from harness.measure.setting import flag_lines, run_setting
+from harness.measure.summary import FLAG_STALLED, SCHEMA, SUMMARY_FILE, build_summary, dist
 
 PLOT_BOUNDARIES: tuple[str, ...] = ("cpu_ready", "encoded", "delivered")
-#: Gantt lanes: the process that spends each segment. Only rank 0 of a group records
-#: boundaries; the other ranks run the same forward/decode in lockstep (every layer has a
-#: collective), so their lanes show the group's span as rank 0 timed it, drawn hatched.
+#: Gantt lanes: the process that spends (and times) each segment. Only rank 0 of a DiT or VAE group
+#: records boundaries; the other ranks run the same forward/decode in lockstep (every layer has a
+#: collective) and time nothing, so they get no lane of their own: rank 0's lane names the group.
 DRIVER_STAGES = ("dit_queue", "latent_ipc", "decode_wait", "decode_queue")
-DIT_STAGES, VAE0_STAGES, VAE_STAGES = ("dit",), ("decode", "convert", "d2h"), ("decode",)
-PLOTS: tuple[str, ...] = ("intervals_hist.png", "intervals_cdf.png", "stages_per_chunk.png", "timeline.png", "ttfc.png")
+DIT_STAGES, VAE_STAGES = ("dit",), ("decode", "convert", "d2h")
+PLOTS: tuple[str, ...] = ("intervals.png", "intervals_cdf.png", "stages_per_chunk.png", "timeline.png", "ttfc.png")
 SLOWEST_PLOT = "slowest_intervals.png"
+#: fewer steady samples than this in every run of a panel: a strip of the samples, not a histogram
+STRIP_BELOW = 40
+#: the boundary whose interval the stage plot marks (the summary's reference)
+STAGE_REFERENCE = "cpu_ready"
 DPI = 100
 
 
@@ -59,6 +73,8 @@ class RunView(msgspec.Struct, frozen=True):
     summary: dict
     window: M.Window
     manifest: dict = {}
+    #: ``measure.setting.setting_line`` of the run
+    setting: str = ""
 
 
 class Bar(msgspec.Struct, frozen=True):
@@ -67,8 +83,6 @@ class Bar(msgspec.Struct, frozen=True):
     chunk: int
     start_ms: float
     dur_ms: float
-    #: True on a lane whose process did not time the span itself (a group's rank ≥ 1)
-    lockstep: bool = False
 
 
 class Plotted(msgspec.Struct, frozen=True):
@@ -105,12 +119,20 @@ def load_view(run_dir: str | Path) -> RunView:
     manifest = json.loads(read_bounded(d / "manifest.json", MAX_JSON_BYTES, "manifest")) if (d / "manifest.json").is_file() else {}
     if (d / SUMMARY_FILE).is_file():
         summary = json.loads(read_bounded(d / SUMMARY_FILE, MAX_JSON_BYTES, "summary"))
+        if summary.get("schema", 0) < SCHEMA:  # figures of an older rule (e.g. fps_median): recomputed from events
+            figures = build_summary(events, sessions, window=window_of(summary))
+            summary = {**summary, **msgspec.to_builtins(figures), "flags": _kept_flags(summary, figures.flags)}
     else:
         chunks = manifest.get("config", {}).get("video", {}).get("chunks_per_session")
         window = M.window_for(chunks) if chunks else M.DEFAULT_WINDOW
         summary = msgspec.to_builtins(build_summary(events, sessions, window=window))
     labels = run_label(manifest, str(d))
-    return RunView(labels, str(d), events, sessions, summary, window_of(summary), manifest)
+    return RunView(labels, str(d), events, sessions, summary, window_of(summary), manifest, run_setting(d, manifest))
+
+
+def _kept_flags(old: dict, figures_flags: list[str]) -> list[str]:
+    """The recomputed figures' flags and the run's own (``stalled``), which events cannot show."""
+    return sorted(set(figures_flags) | ({FLAG_STALLED} & set(old.get("flags", []))))
 
 
 def unique_labels(views: Sequence[RunView]) -> list[str]:
@@ -156,21 +178,21 @@ def pick_session(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart],
     return order[0] if order else None
 
 
-def lanes_of(manifest: dict) -> list[tuple[str, tuple[str, ...], bool]]:
-    """(lane, stages, lockstep) for every process of the run, from its manifest (one of each
-    when there is none)."""
+def _group(role: str, n: int) -> str:
+    return f"{role} rank 0" + (f" of {n} (the group, in lockstep)" if n > 1 else "")
+
+
+def lanes_of(manifest: dict) -> list[tuple[str, tuple[str, ...]]]:
+    """(lane, stages) for every process that timed something, from the run's manifest (one of each
+    kind when there is none): a group's rank 0 stands for the group."""
     cfg = manifest.get("config", {})
     par = cfg.get("parallel", {})
     sp, vae = int(par.get("sp", 1)), int(par.get("vae_ranks", 1))
     stream = cfg.get("runtime", {}).get("sink") == "stream"
-    lanes = [("driver", DRIVER_STAGES, False)]
-    lanes += [(f"DiT rank {r}", DIT_STAGES, r > 0) for r in range(sp)]
-    lanes += [(f"VAE rank {r}", VAE0_STAGES if r == 0 else VAE_STAGES, r > 0) for r in range(vae)]
+    lanes = [("driver", DRIVER_STAGES), (_group("DiT", sp), DIT_STAGES), (_group("VAE", vae), VAE_STAGES)]
     if stream:  # the client acknowledges: "delivered" is its clock
-        lanes += [("encoder", ("ipc", "encode"), False), ("client", ("sink",), False)]
-    else:  # the file sink writes inside the encoder process
-        lanes += [("encoder", ("ipc", "encode", "sink"), False)]
-    return lanes
+        return lanes + [("encoder", ("ipc", "encode")), ("client", ("sink",))]
+    return lanes + [("encoder", ("ipc", "encode", "sink"))]  # the file sink writes inside the encoder process
 
 
 def timeline_bars(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart], key: tuple[int, int],
@@ -184,12 +206,24 @@ def timeline_bars(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart]
     out = []
     for c in sorted(chunks):
         e = chunks[c]
-        for lane, stages, lockstep in lanes_of(manifest or {}):
+        for lane, stages in lanes_of(manifest or {}):
             for st in stages:
                 a, b = e.at(INTERVALS[st][0]), e.at(INTERVALS[st][1])
                 if a is not None and b is not None and b >= a:
-                    out.append(Bar(lane, st, c, (a - start) / 1e6, (b - a) / 1e6, lockstep))
+                    out.append(Bar(lane, st, c, (a - start) / 1e6, (b - a) / 1e6))
     return out
+
+
+def per_chunk_interval(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart], window: M.Window,
+                       boundary: str = STAGE_REFERENCE) -> dict[int, float]:
+    """chunk index i ≥ 1 → nearest-rank P50 ms of B(i) − B(i−1) over measured, non-cancelled
+    sessions: the delivery interval the stage plot marks beside each chunk's stack."""
+    table = M.session_table(M.measured_chunks(events, sessions, window, include_cancelled=False))
+    acc: dict[int, list[int]] = {}
+    for chunks in table.values():
+        for smp in M.session_intervals(chunks, boundary, sorted(c for c in chunks if c >= 1))[0]:
+            acc.setdefault(smp.chunk, []).append(smp.ns)
+    return {c: S.nearest_rank(v, 50) / 1e6 for c, v in sorted(acc.items())}
 
 
 def ttfc_by_boundary(events: Sequence[ChunkEvent], sessions: Sequence[SessionStart], window: M.Window) -> dict[str, tuple[float, float, float]]:
@@ -242,8 +276,10 @@ def _empty(ax, text: str = "no samples") -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="0.4")
 
 
-def _save(fig, path: Path, values: dict) -> Plotted:
+def _save(fig, path: Path, values: dict, settings: Sequence[str] = (), note: str = "") -> Plotted:
     fig.tight_layout()
+    if settings or note:  # above the panels; bbox_inches="tight" grows the canvas to keep it
+        fig.suptitle("\n".join([*settings, *([note] if note else [])]), y=1.0, va="bottom", fontsize=7, color="0.25")
     fig.savefig(path, dpi=DPI, bbox_inches="tight")  # keeps legends placed outside the axes
     _plt().close(fig)
     return Plotted(path, values)
@@ -253,27 +289,51 @@ def _integer_counts(axis) -> None:
     axis.set_major_locator(MaxNLocator(integer=True))  # counts: no fractional ticks
 
 
+def settings_of(views: Sequence[RunView], labels: Sequence[str]) -> list[str]:
+    """One title line per run: its label and setting line."""
+    return [f"{l} — {v.setting}" if len(views) > 1 else v.setting for v, l in zip(views, labels) if v.setting]
+
+
+def strip_offsets(n: int) -> np.ndarray:
+    """Fixed vertical offsets that spread ``n`` strip-plot points over a band (no randomness)."""
+    return ((np.arange(n) % 3) - 1) * 0.1
+
+
 def plot_intervals(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Plotted:
+    """Per boundary, the steady intervals of every run: a histogram, or with fewer than
+    ``STRIP_BELOW`` samples in every run a strip of the samples themselves with the P50 marked."""
     plt = _plt()
     fig, axes = plt.subplots(1, len(PLOT_BOUNDARIES), figsize=(4.2 * len(PLOT_BOUNDARIES), 3.6), squeeze=False)
     values: dict = {}
     for ax, b in zip(axes[0], PLOT_BOUNDARIES):
         data = [(steady_ms(v, b), l) for v, l in zip(views, labels)]
         data = [(x, l) for x, l in data if x.size]
-        if data:
+        if not data:
+            _empty(ax)
+        elif max(x.size for x, _ in data) < STRIP_BELOW:
+            for i, (x, l) in enumerate(data):
+                xs = np.sort(x)
+                ax.scatter(xs, i + strip_offsets(xs.size), s=14, label=f"{l} (n={x.size})")
+                ax.plot([S.nearest_rank(x, 50)] * 2, [i - 0.3, i + 0.3], color="k", linewidth=1.5)
+                values.setdefault(l, {})[b] = {"kind": "strip", "ms": xs.tolist()}
+            ax.set_yticks(range(len(data)))
+            ax.set_yticklabels([f"n={x.size}" for x, _ in data], fontsize=7)
+            ax.set_ylim(-0.6, len(data) - 0.4)
+            ax.legend(fontsize=7)
+        else:
             lo, hi = min(x.min() for x, _ in data), max(x.max() for x, _ in data)
             bins = np.linspace(lo, hi if hi > lo else lo + 1, 21)
             for x, l in data:
                 ax.hist(x, bins=bins, alpha=0.55, label=f"{l} (n={x.size})")
-                values.setdefault(l, {})[b] = x.tolist()
+                values.setdefault(l, {})[b] = {"kind": "hist", "ms": x.tolist()}
+            ax.set_ylabel("intervals (count)")
+            _integer_counts(ax.yaxis)
             ax.legend(fontsize=7)
-        else:
-            _empty(ax)
-        ax.set_title(f"steady delivery interval @ {b}")
+        strip = data and max(x.size for x, _ in data) < STRIP_BELOW
+        ax.set_title(f"steady delivery interval @ {b}" + ("\nevery sample; | = P50 (nearest rank)" if strip else ""),
+                     fontsize=9)
         ax.set_xlabel("ms")
-        ax.set_ylabel("intervals (count)")
-        _integer_counts(ax.yaxis)
-    return _save(fig, path, values)
+    return _save(fig, path, values, settings_of(views, labels))
 
 
 def plot_cdf(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Plotted:
@@ -293,11 +353,11 @@ def plot_cdf(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Plo
             ax.set_ylim(0, 1.02)
         else:
             _empty(ax)
-        ax.set_title(f"CDF of steady delivery interval @ {b}")
+        ax.set_title(f"CDF of steady delivery interval @ {b}", fontsize=9)
         ax.set_xlabel("ms")
         ax.set_ylabel("fraction of intervals ≤ x")
         ax.grid(alpha=0.3)
-    return _save(fig, path, values)
+    return _save(fig, path, values, settings_of(views, labels))
 
 
 def _legend_outside(axes, order: Sequence[str]) -> None:
@@ -317,11 +377,12 @@ def _legend_outside(axes, order: Sequence[str]) -> None:
 def plot_stages(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Plotted:
     plt = _plt()
     colors = _stage_colors()
-    fig, axes = plt.subplots(1, len(views), figsize=(5.5 * len(views), 4.2), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(views), figsize=(5.5 * len(views), 4.4), squeeze=False, sharey=True)
     values: dict = {}
     for ax, v, l in zip(axes[0], views, labels):
         table = per_chunk_stages(v.events, v.sessions, v.window)
-        values[l] = table
+        interval = per_chunk_interval(v.events, v.sessions, v.window)
+        values[l] = {"stages": table, "interval": interval}
         if not table:
             _empty(ax)
         chunks = list(table)
@@ -331,13 +392,19 @@ def plot_stages(views: Sequence[RunView], labels: Sequence[str], path: Path) -> 
             if h.any():
                 ax.bar(chunks, h, bottom=bottom, color=colors[name], label=name, width=0.8)
                 bottom += h
-        ax.set_title(f"{l}: P50 (nearest rank) of each stage per chunk")
+        if interval:
+            ax.plot(list(interval), list(interval.values()), "D", color="k", markersize=5,
+                    label=f"P50 interval @ {STAGE_REFERENCE}")
+        ax.set_title(l, fontsize=9)
         ax.set_xlabel("chunk")
-        ax.set_ylabel("ms, stacked (submit → delivered)")
+        ax.set_ylabel("ms (stage P50s, submit → delivered)")
         if chunks:
             ax.set_xticks(chunks)
-    _legend_outside(list(axes[0]), STAGE_NAMES)
-    return _save(fig, path, values)
+    _legend_outside(list(axes[0]), [*STAGE_NAMES, f"P50 interval @ {STAGE_REFERENCE}"])
+    return _save(fig, path, values, settings_of(views, labels),
+                 f"per chunk, the P50 of each stage over measured sessions, stacked: a stack of medians, not one chunk's "
+                 f"latency; ◆ = the chunk's P50 interval {STAGE_REFERENCE}(i) − {STAGE_REFERENCE}(i−1) "
+                 "(under Case E stages of different chunks overlap, so the stack exceeds it)")
 
 
 def plot_timeline(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Plotted:
@@ -348,7 +415,7 @@ def plot_timeline(views: Sequence[RunView], labels: Sequence[str], path: Path) -
                              gridspec_kw={"height_ratios": n_lanes})
     values: dict = {}
     for ax, v, l in zip(axes[:, 0], views, labels):
-        lanes = [name for name, _, _ in lanes_of(v.manifest)]
+        lanes = [name for name, _ in lanes_of(v.manifest)]
         key = pick_session(v.events, v.sessions, v.window)
         bars = timeline_bars(v.events, v.sessions, key, v.manifest) if key else []
         values[l] = {"session": key, "lanes": lanes, "bars": [msgspec.to_builtins(b) for b in bars]}
@@ -358,21 +425,19 @@ def plot_timeline(views: Sequence[RunView], labels: Sequence[str], path: Path) -
         for bar in bars:
             y = lanes.index(bar.lane)
             ax.barh(y, bar.dur_ms, left=bar.start_ms, height=0.6, color=colors[bar.stage], edgecolor="k", linewidth=0.3,
-                    hatch="///" if bar.lockstep else None, alpha=0.6 if bar.lockstep else 1.0,
                     label=bar.stage if bar.stage not in seen else None)
             seen.add(bar.stage)
-            if bar.stage in ("dit", "decode", "encode") and bar.dur_ms > 0 and not bar.lockstep:
+            if bar.stage in ("dit", "decode", "encode") and bar.dur_ms > 0:
                 ax.text(bar.start_ms + bar.dur_ms / 2, y, str(bar.chunk), ha="center", va="center", fontsize=6)
         ax.set_yticks(range(len(lanes)))
         ax.set_yticklabels(lanes, fontsize=8)
         ax.set_ylim(len(lanes) - 0.5, -0.5)
         title = f"{l}: session {key[0]} (epoch {key[1]})" if key else l
-        ax.set_title(f"{title}, every process — chunk index on the bars; hatched: the group's span timed on rank 0",
-                     fontsize=9)
+        ax.set_title(f"{title}: every process that timed a stage — chunk index on the bars", fontsize=9)
         ax.set_xlabel("ms since session start")
         if seen:
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return _save(fig, path, values)
+    return _save(fig, path, values, settings_of(views, labels))
 
 
 def plot_ttfc(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Plotted:
@@ -396,7 +461,7 @@ def plot_ttfc(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Pl
                  "whiskers: min–max over sessions", fontsize=9)
     if bounds:
         ax.legend(fontsize=8)
-    return _save(fig, path, dict(zip(labels, data)))
+    return _save(fig, path, dict(zip(labels, data)), settings_of(views, labels))
 
 
 def plot_slowest(views: Sequence[RunView], labels: Sequence[str], path: Path) -> Plotted:
@@ -429,7 +494,8 @@ def plot_slowest(views: Sequence[RunView], labels: Sequence[str], path: Path) ->
                      f"chunk i's stages from gap (cpu_ready(i−1) → submit(i)) up to {lt['reference']}, stacked; "
                      "◆ = the interval (stacks exceed it where stages overlap, Case E)", fontsize=9)
     _legend_outside(list(axes[:, 0]), ["gap", *STAGE_NAMES, "interval"])
-    return _save(fig, path, values)
+    return _save(fig, path, values, settings_of([v for v in views if (v.summary.get("long_tail") or {}).get("slowest")],
+                                                [l for _, l in tails]))
 
 
 def render_plots(views: Sequence[RunView], out: Path) -> list[Plotted]:
@@ -465,10 +531,12 @@ TTFC_COLUMNS = ("boundary", "n", "ttfc_p50", "ttfc_min", "ttfc_max")
 STAGE_COLUMNS = ("stage", "span", "n", "stage_p50", "stage_mean", "stage_share", "stage_of_interval")
 HANDOFF_COLUMNS = ("handoff_p50", "n")
 BLOCKED_COLUMNS = ("blocked_stage", "blocked_total", "blocked_max", "chunks_blocked")
-#: Figures a report defines; the definition table at its end lists them all, once.
+WARMUP_FIGURES = ("warmup_first_chunk", "warmup_excess")
 LONG_TAIL_FIGURES = ("tail_percentiles", "interval_p95", "culprits", *T.SLOWEST_COLUMNS)
+#: Every figure a report can print; a report defines those it printed (``used_figures``).
 REPORT_FIGURES = tuple(dict.fromkeys(BOUNDARY_COLUMNS + HEADLINE_COLUMNS + TTFC_COLUMNS + STAGE_COLUMNS + HANDOFF_COLUMNS
-                                     + BLOCKED_COLUMNS + ("p99_is_max",) + LONG_TAIL_FIGURES))
+                                     + BLOCKED_COLUMNS + ("p99_is_max",) + WARMUP_FIGURES + LONG_TAIL_FIGURES
+                                     + tuple(F.flag_figure(f) for f in F.FLAG_NAMES)))
 
 
 def _md_row(cells: list[str]) -> str:
@@ -479,9 +547,37 @@ def _p99(d: dict) -> str:
     return f"{_f(d['p99_ms'])}{'*' if d['p99_is_max'] else ''}"
 
 
-def run_section(view: RunView, label: str) -> list[str]:
+def headline_section(view: RunView, label: str) -> list[str]:
+    """The run's setting, its headline at the reference boundary, and every flag raised, defined."""
     s = view.summary
     h = s.get("headline", {})
+    return [
+        f"### {label}", "", f"`{view.setting}`" if view.setting else "(no manifest: setting unknown)", "",
+        *F.header(HEADLINE_COLUMNS),
+        f"| {h.get('boundary', '?')} | {_f(h.get('fps_steady'), '{:.2f}')} | {_f(h.get('fps_median'), '{:.2f}')} | "
+        f"{_f(h.get('p50_ms'))} | {_f(h.get('p99_ms'))}{'*' if h.get('p99_is_max') else ''} | "
+        f"{_f(h.get('ttfc_p50_ms'))} | {h.get('n', 0)} |",
+        "",
+        *[f"- {line.strip()}" for line in flag_lines(s.get("flags", []))],
+        *([""] if s.get("flags") else []),
+    ]
+
+
+def _warmup_rows(s: dict, mode: str | None) -> list[str]:
+    stages = (s.get("warmup") or {}).get("stages") or {}
+    if not stages:
+        return []
+    out = ["", f"Warm-up (the first warm-up session, mode {mode or '?'}):", "",
+           "| stage | " + F.label("warmup_first_chunk") + " | " + F.label("stage_p50") + " | " + F.label("warmup_excess") + " |",
+           "|---|---:|---:|---:|"]
+    for st, x in stages.items():
+        out.append(f"| {st} | {_f(x.get('first_ms'))} | {_f(x.get('steady_p50_ms'))} | {_f(x.get('excess_ms'))} |")
+    return out
+
+
+def run_section(view: RunView, label: str) -> list[str]:
+    """The run's tables (its headline is in ``headline_section``)."""
+    s = view.summary
     w = s.get("window", {})
     sched = view.manifest.get("scheduler")
     lines = [
@@ -491,13 +587,6 @@ def run_section(view: RunView, label: str) -> list[str]:
         + (f", flags: {', '.join(s['flags'])}" if s.get("flags") else ""),
         "",
         f"Window: {w.get('definition', '?')}. Percentiles: {w.get('percentile_rule', '?')}.",
-        "",
-        "Headline (reference boundary):",
-        "",
-        *F.header(HEADLINE_COLUMNS),
-        f"| {h.get('boundary', '?')} | {_f(h.get('fps_steady'), '{:.2f}')} | {_f(h.get('fps_median'), '{:.2f}')} | "
-        f"{_f(h.get('p50_ms'))} | {_f(h.get('p99_ms'))}{'*' if h.get('p99_is_max') else ''} | "
-        f"{_f(h.get('ttfc_p50_ms'))} | {h.get('n', 0)} |",
         "",
         "Steady delivery intervals per boundary:",
         "",
@@ -517,6 +606,7 @@ def run_section(view: RunView, label: str) -> list[str]:
         d = st["durations"]
         lines.append(f"| {name} | {st['start']} → {st['end']} | {d['n']} | {_f(d['p50_ms'], '{:.2f}')} | "
                      f"{_f(d['mean_ms'], '{:.2f}')} | {_f(st['share'], '{:.1%}')} | {_f(st['share_of_interval'], '{:.1%}')} |")
+    lines += _warmup_rows(s, view.manifest.get("mode"))
     ho = s.get("handoff", {})
     if ho.get("n"):
         lines += ["", *F.header(HANDOFF_COLUMNS, sched), f"| {_f(ho['p50_ms'], '{:.2f}')} | {ho['n']} |"]
@@ -538,12 +628,31 @@ def run_section(view: RunView, label: str) -> list[str]:
     return lines
 
 
-def definitions_section(production: bool = False) -> list[str]:
-    """Every column and row figure of the report, defined once (``measure.figures``)."""
-    names = REPORT_FIGURES + ((*P.COLUMNS, *P.FIGURE_OF.values()) if production else ())
-    lines = ["## figure definitions", "", "Every column above, once. "
-             "Labels that read differently under a scheduler are the same figure.", "", *F.table_md(tuple(dict.fromkeys(names)))]
-    return lines + [""]
+def used_figures(views: Sequence[RunView], production: bool = False) -> tuple[str, ...]:
+    """The figures the report prints for these runs, in table order: a section that is absent for
+    every run (no handoff, no blocking, no long tail, no warm-up) defines nothing."""
+    sums = [v.summary for v in views]
+    names = [*HEADLINE_COLUMNS, *BOUNDARY_COLUMNS, "p99_is_max", *TTFC_COLUMNS, *STAGE_COLUMNS]
+    if any((s.get("warmup") or {}).get("stages") for s in sums):
+        names += WARMUP_FIGURES
+    if any((s.get("handoff") or {}).get("n") for s in sums):
+        names += HANDOFF_COLUMNS
+    if any(s.get("blocked") for s in sums):
+        names += BLOCKED_COLUMNS
+    if any((s.get("long_tail") or {}).get("boundaries") for s in sums):
+        names += ["tail_percentiles", "interval_p95"]
+    if any((s.get("long_tail") or {}).get("slowest") for s in sums):
+        names += [*T.SLOWEST_COLUMNS, "culprits"]
+    names += [F.flag_figure(f) for f in F.FLAG_NAMES if any(f in s.get("flags", []) for s in sums)]
+    if production:
+        names += [*P.COLUMNS, *P.FIGURE_OF.values()]
+    return tuple(dict.fromkeys(names))
+
+
+def definitions_section(names: Sequence[str]) -> list[str]:
+    """The figures the report printed, each defined once (``measure.figures``)."""
+    return ["## figure definitions", "", "Every figure printed above, once. "
+            "Labels that read differently under a scheduler are the same figure.", "", *F.table_md(tuple(names)), ""]
 
 
 def production_section(view: RunView, bench: dict | None) -> list[str]:
@@ -567,33 +676,38 @@ def production_section(view: RunView, bench: dict | None) -> list[str]:
     return head + [setup, ""] + P.render_rows(rows) + [""]
 
 
+PLOT_TITLES = {
+    "intervals.png": "Steady delivery intervals per boundary (a strip of every sample when n is small)",
+    "intervals_cdf.png": "CDF of steady intervals per boundary",
+    "stages_per_chunk.png": "Per-chunk stage P50s, stacked, with the P50 interval marked",
+    "timeline.png": "One measured session, every process that timed a stage",
+    "ttfc.png": "Time to first chunk (P50 as in the TTFC table; whiskers min–max)",
+    SLOWEST_PLOT: "Slowest steady intervals, broken down by stage",
+}
+
+
 def render_md(views: Sequence[RunView], plots: Sequence[Plotted], out: Path, production: bool = False,
               bench: dict | None = None) -> str:
+    """Headlines under their settings, the plots, the tables, then the definitions used."""
     labels = unique_labels(views)
-    lines = ["# harness report", "", "Runs: " + ", ".join(f"**{l}**" for l in labels), ""]
+    lines = ["# harness report", "", "Runs: " + ", ".join(f"**{l}**" for l in labels), "", "## headline", ""]
+    for v, l in zip(views, labels):
+        lines += headline_section(v, l)
+    lines += ["## plots", ""]
+    for p in (x.path for x in plots):
+        rel = p.relative_to(out) if p.is_relative_to(out) else p
+        lines += [f"### {PLOT_TITLES.get(p.name, p.name)}", "", f"![{p.stem}]({rel.as_posix()})", ""]
     for v, l in zip(views, labels):
         lines += run_section(v, l)
         if production:
             lines += production_section(v, bench)
-    lines += definitions_section(production)
-    lines += ["## plots", ""]
-    titles = {
-        "intervals_hist.png": "Steady delivery intervals per boundary",
-        "intervals_cdf.png": "CDF of steady intervals per boundary",
-        "stages_per_chunk.png": "Per-chunk stage breakdown (P50, nearest rank, over measured sessions)",
-        "timeline.png": "One measured session, every process of the run",
-        "ttfc.png": "Time to first chunk (P50 as in the TTFC table; whiskers min–max)",
-        SLOWEST_PLOT: "Slowest steady intervals, broken down by stage",
-    }
-    for p in (x.path for x in plots):
-        rel = p.relative_to(out) if p.is_relative_to(out) else p
-        lines += [f"### {titles.get(p.name, p.name)}", "", f"![{p.stem}]({rel.as_posix()})", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + definitions_section(used_figures(views, production)))
 
 
-def write_report(run_dirs: Sequence[str | Path], out: str | Path | None = None, production: bool = False,
-                 bench: dict | None = None) -> Path:
-    """Render the plots and ``report.md`` (in ``out``, default the first run directory); returns its path."""
+def render_report(run_dirs: Sequence[str | Path], out: str | Path | None = None, production: bool = False,
+                  bench: dict | None = None) -> list[Path]:
+    """Render the plots and ``report.md`` (in ``out``, default the first run directory); returns
+    every file written, ``report.md`` first."""
     if not run_dirs:
         raise ValueError("report needs at least one run directory")
     views = [load_view(d) for d in run_dirs]
@@ -603,7 +717,13 @@ def write_report(run_dirs: Sequence[str | Path], out: str | Path | None = None, 
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text(render_md(views, plots, out, production, bench))
     tmp.replace(path)
-    return path
+    return [path, *(p.path for p in plots)]
+
+
+def write_report(run_dirs: Sequence[str | Path], out: str | Path | None = None, production: bool = False,
+                 bench: dict | None = None) -> Path:
+    """``render_report``, returning the path of ``report.md``."""
+    return render_report(run_dirs, out, production, bench)[0]
 
 
 def main(args) -> int:
@@ -611,8 +731,9 @@ def main(args) -> int:
         bench = json.loads(read_bounded(args.bench, MAX_JSON_BYTES, "bench-engine --json result")) if args.bench else None
         if bench is not None and not {"flops", "peak_bf16_tflops", "peak_tf32_tflops"} <= set(bench):
             raise HarnessError(f"{args.bench} is not a GPU bench-engine --json result (no FLOPs or measured peaks)")
-        path = write_report(args.runs, args.out, args.against_production or bench is not None, bench)
+        written = render_report(args.runs, args.out, args.against_production or bench is not None, bench)
     except (OSError, ValueError) as e:  # msgspec decode errors are ValueErrors too
         raise HarnessError(str(e).splitlines()[0]) from None
-    print(f"wrote {path}")
+    for p in written:
+        print(f"wrote {p}")
     return 0

@@ -7,8 +7,10 @@ bumped when it changes.
 Every figure here is defined once, with its label and formula, in ``measure.figures`` (the
 keys below are its ``keys``); the report and the console print those labels. In short:
 ``fps_steady`` is Σ frames ÷ Σ intervals (frames ÷ the *mean* interval), ``fps_median`` the
-nearest-rank median of per-interval FPS, percentiles are nearest-rank, ``stages[*].share`` is of the
-sum of stage means and ``share_of_interval`` of the mean steady interval (> 1 in total under Case E).
+frames ÷ interval of the nearest-rank median interval (the same sample as ``p50_ms``),
+percentiles are nearest-rank, ``stages[*].share`` is of the sum of stage means and
+``share_of_interval`` of the mean steady interval (> 1 in total under Case E); ``warmup`` is the
+first warm-up session's compiled stages beside their steady P50 (the compile figure).
 ``blocked`` covers every chunk of every measured session (cancelled ones included: the producer
 really was blocked), not only the steady window.
 """
@@ -29,7 +31,8 @@ from harness.measure.stages import STAGES
 from harness.measure.tails import TailSummary
 
 #: 2: the headline gained fps_median (FPS P50 per interval) beside fps_steady
-SCHEMA = 2
+#: 3: fps_median is the FPS of the interval-P50 sample; ``warmup`` (the compile figure) added
+SCHEMA = 3
 SUMMARY_FILE = "summary.json"
 DEFAULT_REFERENCE = "cpu_ready"
 MAX_LISTED_VIOLATIONS = 20
@@ -140,6 +143,22 @@ class Headline(msgspec.Struct, frozen=True):
     n: int = 0
 
 
+class WarmupStage(msgspec.Struct, frozen=True):
+    #: the stage on chunk 0 of the first warm-up session
+    first_ms: float | None
+    #: Σ over that session's chunks of (duration − steady P50, when positive)
+    excess_ms: float | None
+    steady_p50_ms: float | None
+
+
+class WarmupSummary(msgspec.Struct, frozen=True):
+    """The first warm-up session's compiled stages beside their steady medians: what compilation
+    (and first-touch allocation) cost, reported as its own figure instead of as a stall."""
+
+    chunks: int
+    stages: dict[str, WarmupStage]
+
+
 class Summary(msgspec.Struct, frozen=True):
     schema: int
     valid: bool
@@ -157,6 +176,8 @@ class Summary(msgspec.Struct, frozen=True):
     absent_boundaries: list[str]
     order_violations: int
     violations: list[str]
+    #: absent in summaries written before schema 3
+    warmup: WarmupSummary | None = None
 
 
 # ---- small pure pieces ---------------------------------------------------------------------
@@ -191,7 +212,6 @@ def _ci_ms(per_session: list[list[int]], p: float, boot: BootstrapDef, block_len
 
 def boundary_summary(sel: M.Selection, boot: BootstrapDef, block_length: int | None) -> BoundarySummary:
     per_session = sel.per_session()
-    fps = M.fps_values(sel.samples)
     return BoundarySummary(
         intervals=dist(sel.ns()),
         n_sessions=len(per_session),
@@ -201,7 +221,7 @@ def boundary_summary(sel: M.Selection, boot: BootstrapDef, block_length: int | N
         p50_ci_ms=_ci_ms(per_session, 50, boot, block_length),
         p99_ci_ms=_ci_ms(per_session, 99, boot, block_length),
         fps_steady=M.steady_fps(sel.samples),
-        fps_median=S.nearest_rank(fps, 50) if fps.size else None,
+        fps_median=M.median_interval_fps(sel.samples),
     )
 
 
@@ -214,6 +234,18 @@ def stage_summaries(stages: dict[str, M.Selection], interval_mean_ms: float | No
         of_interval = d.mean_ms / interval_mean_ms if d.n and interval_mean_ms else None
         out[name] = StageSummary(start, end, d, stages[name].skipped_missing, shares.get(name), of_interval)
     return out
+
+
+def warmup_summary(events: Sequence[ChunkEvent], window: M.Window, stages: dict[str, StageSummary]) -> WarmupSummary | None:
+    if not M.warmup_session(events, window):
+        return None
+    out = {}
+    for st in M.COMPILED_STAGES:
+        d = M.warmup_durations(events, st, window)
+        p50 = stages[st].durations.p50_ms if st in stages else None
+        excess = ms(M.excess_over(list(d.values()), p50 * 1e6)) if d and p50 is not None else None
+        out[st] = WarmupStage(ms(d.get(0)), excess, p50)
+    return WarmupSummary(len(M.warmup_session(events, window)), out)
 
 
 def gpu_summaries(gpu: dict[str, list[float]]) -> dict[str, GpuSummary]:
@@ -352,6 +384,7 @@ def build_summary(
     ttfc = {b: dist(M.ttfc(events, sessions, b, window).ns()) for b in seen_b} if sessions else {}
     flags, valid = flags_and_validity(events, sessions, window, reference, boundaries, counts, violations)
     steady, _, _ = M.steady_chunks(events, sessions, window)
+    stages = stage_summaries(M.steady_stages(events, window, sessions), ref.intervals.mean_ms if ref else None)
     return Summary(
         schema=SCHEMA,
         valid=valid,
@@ -363,12 +396,13 @@ def build_summary(
         ttfc=ttfc,
         rollout=rollout_summary(M.rollouts(events, sessions, reference, window)) if sessions else RolloutSummary(Dist(0), None, None),
         handoff=dist(M.handoffs(events, window, sessions).ns()),
-        stages=stage_summaries(M.steady_stages(events, window, sessions), ref.intervals.mean_ms if ref else None),
+        stages=stages,
         gpu_ms=gpu_summaries(M.gpu_times(steady)),
         blocked=blocked_summaries(M.blocked_time(M.measured_chunks(events, sessions, window))),
         absent_boundaries=[b for b in BOUNDARIES if b not in seen_b],
         order_violations=len(violations),
         violations=violations[:MAX_LISTED_VIOLATIONS],
+        warmup=warmup_summary(events, window, stages),
     )
 
 

@@ -84,9 +84,11 @@ def test_figure_data(tables):
     bars = R.timeline_bars(events, starts, key)  # no manifest: one process of each kind
     assert {b.lane for b in bars} == {"driver", "DiT rank 0", "VAE rank 0", "encoder"}
     manifest = {"config": {"parallel": {"sp": 2, "vae_ranks": 3}}}
-    lanes = {b.lane: b.lockstep for b in R.timeline_bars(events, starts, key, manifest)}
-    assert lanes == {"driver": False, "DiT rank 0": False, "DiT rank 1": True, "VAE rank 0": False,
-                     "VAE rank 1": True, "VAE rank 2": True, "encoder": False}
+    # lanes only for what was timed: ranks >= 1 record nothing, so they get no lane (not copies of rank 0's bars)
+    lanes = {b.lane for b in R.timeline_bars(events, starts, key, manifest)}
+    assert lanes == {"driver", "DiT rank 0 of 2 (the group, in lockstep)", "VAE rank 0 of 3 (the group, in lockstep)",
+                     "encoder"}
+    assert [name for name, _ in R.lanes_of(manifest)] == ["driver", *sorted(lanes - {"driver", "encoder"}), "encoder"]
     assert len([b for b in bars if b.stage == "dit"]) == 10
     dit0 = next(b for b in bars if b.stage == "dit" and b.chunk == 0)
     assert dit0.start_ms == pytest.approx(10 + 1) and dit0.dur_ms == pytest.approx(40)
@@ -186,8 +188,10 @@ def headline_labels(lines: list[str]) -> list[str]:
             out += re.split(r"\s{2,}", body)
         elif body.startswith("* "):
             out.append("*")
-        elif ": " in body and not body.startswith(("run directory", "sessions served", "summary flags")) \
-                and " = " not in body:
+        elif body.startswith("flag "):  # "flag NAME: its definition": NAME is the flag's label
+            out.append(body[len("flag "):].split(": ", 1)[0])
+        elif ": " in body and not body.startswith(("run directory", "sessions served", "summary flags", "setting:",
+                                                   "INVALID:")) and " = " not in body:
             out.append(body.rsplit(": ", 1)[0].split(" @ ")[0])
     return out
 
@@ -204,7 +208,7 @@ def summary_figure_keys(summary: dict) -> set[str]:
 
 def ttfc_table(md: str, label: str) -> dict[str, float]:
     """boundary → TTFC P50 from the TTFC table of run ``label`` in report.md."""
-    section = md.split(f"## {label}\n", 1)[1].split("\n## ", 1)[0]
+    section = md.split(f"\n## {label}\n", 1)[1].split("\n## ", 1)[0]  # the run's tables, not its "### label" headline
     rows = section.split("| boundary | n | TTFC P50 ms |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
     return {r.split("|")[1].strip(): float(r.split("|")[3]) for r in rows}
 
@@ -251,8 +255,9 @@ def test_every_figure_of_a_case_d_a_case_e_and_a_server_run_resolves_to_one_defi
     assert len(headers) > 40
     for cell in headers:
         F.resolve(cell)
-    for name in R.REPORT_FIGURES:  # each defined exactly once, in the one definition table
-        assert md.count(f"| `{name}` |") == 1, name
+    used = R.used_figures([R.load_view(r) for r in runs])
+    for name in R.REPORT_FIGURES:  # each printed figure defined exactly once, and no other
+        assert md.count(f"| `{name}` |") == (name in used), name
 
     # the TTFC plot shows the table's (nearest-rank) P50, for every run and boundary
     views = [R.load_view(r) for r in runs]
@@ -297,3 +302,51 @@ def test_a_long_tail_report_breaks_the_slowest_intervals_down_by_stage(tmp_path,
     assert f"### {F.label('tail_percentiles')}" in md and f"{F.label('culprits')}: dit 1, decode 1." in md
     for cell in table_headers(md):  # the long-tail tables too: every column a figure, defined once
         assert md.count(f"| `{F.resolve(cell).name}` |") == 1, cell
+
+
+def test_report_md_reads_headline_setting_plots_tables_then_only_the_definitions_it_used(tmp_path, tables, capsys):
+    import json
+
+    d = hand_run(tmp_path / "run", tables.case_d, {2: {6: {"decode": 50}}})
+    (d / "manifest.json").write_text(json.dumps({"preset": "tiny", "mode": "eager", "scheduler": "case-d", "hooks": [],
+                                                 "candidates": [], "config": {"runtime": {"device": "cpu"},
+                                                                              "parallel": {"sp": 2, "vae_ranks": 2}}}))
+    assert main(["report", str(d)]) == 0
+    wrote = [l.removeprefix("wrote ") for l in capsys.readouterr().out.splitlines()]
+    assert wrote == [str(d / "report.md"), *(str(d / p) for p in R.PLOTS)]  # every file it wrote, named
+    md = (d / "report.md").read_text()
+    order = [md.index(x) for x in ("## headline", "`setting: preset tiny", "## plots", "| boundary | n | sessions |",
+                                   "## figure definitions")]
+    assert order == sorted(order)
+    defs = md.split("## figure definitions")[1]
+    assert "`interval_p50`" in defs and "`flag_too_few_samples`" in defs  # printed: defined
+    for absent in ("slow_grew", "tail_percentiles", "culprits", "flag_stalled"):  # no long tail, no stall here
+        assert f"`{absent}`" not in defs
+    # n = 12 steady intervals per boundary: a strip of every sample, not a 20-bin histogram
+    plotted = R.plot_intervals([R.load_view(d)], ["case-d"], tmp_path / "i.png").values
+    assert plotted["case-d"]["cpu_ready"]["kind"] == "strip" and len(plotted["case-d"]["cpu_ready"]["ms"]) == 12
+    # the stage plot marks each chunk's P50 interval: under Case D the stack of P50s ends on it
+    stages = R.plot_stages([R.load_view(d)], ["case-d"], tmp_path / "s.png").values["case-d"]
+    assert set(stages["interval"]) == set(range(1, 10))
+
+
+def test_a_summary_of_an_older_schema_is_recomputed_from_its_events(tmp_path, tables):
+    """A schema-2 summary's fps_median ranked per-interval FPS (the other middle sample at even n):
+    the report recomputes the figures from events.jsonl by today's rules and keeps the run's stalled flag."""
+    import json
+
+    import msgspec
+
+    from harness.measure.summary import build_summary
+
+    d = hand_run(tmp_path / "old", tables.case_d, {2: {6: {"decode": 50}}})
+    events, starts = tables.case_d({2: {6: {"decode": 50}}})
+    now = msgspec.to_builtins(build_summary(events, starts))
+    old = {**json.loads(json.dumps(now)), "schema": 2, "flags": [*now["flags"], "stalled"], "status": "complete"}
+    old["boundaries"]["cpu_ready"] = {**old["boundaries"]["cpu_ready"], "fps_median": -1.0}
+    old.pop("warmup")
+    (d / "summary.json").write_text(json.dumps(old))
+    view = R.load_view(d)
+    assert view.summary["boundaries"]["cpu_ready"]["fps_median"] == now["boundaries"]["cpu_ready"]["fps_median"]
+    assert view.summary["warmup"] == now["warmup"] and "stalled" in view.summary["flags"]
+    assert view.summary["status"] == "complete"  # how the run went is the run's own record

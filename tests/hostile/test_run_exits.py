@@ -229,6 +229,7 @@ def test_a_stalled_worker_is_reported_within_the_bound_and_shows_in_the_summary(
     stalls = [s for s in res.summary["stalls"] if s["lasted_s"] >= 3.0]
     assert len(stalls) == 1 and stalls[0]["stage"] == "vae" and stalls[0]["chunk"] == 1, res.summary["stalls"]
     st = stalls[0]
+    assert st["epoch"] == 0 and st["compile_allowance_s"] == 0.0  # named in the warm-up session: eager mode compiles nothing
     assert st["previous_check_s"] < st["bound_s"] == 1.0 <= st["reported_after_s"] < st["lasted_s"]
     assert "stalled" in res.summary["flags"] and res.summary["stall_report_s"] == 1.0
     assert "stall: vae made no progress" in capfd.readouterr().err

@@ -3,8 +3,10 @@ import numpy as np
 import pytest
 
 from harness.measure import metrics as M
+from harness.measure import stats as S
 from harness.measure.events import BOUNDARIES, SessionStart
 from harness.measure.stages import STAGE_NAMES, STAGES
+from harness.measure.summary import BootstrapDef, boundary_summary
 
 from helpers.events import MS
 
@@ -197,3 +199,21 @@ def test_interval_fps_uses_the_delivered_chunks_own_frames(tables):
     assert [s.frames for s in sel.samples] == [13, 14, 15, 16]
     assert M.fps_values(sel.samples).tolist() == pytest.approx([130.0, 140.0, 150.0, 160.0])
     assert M.steady_fps(sel.samples) == pytest.approx(58 / 0.4)
+
+
+@pytest.mark.parametrize("interval_ms", [
+    [900.0, 948.8, 1000.0, 1100.0],  # even n: the default window always gives 4 per session
+    [800.0, 900.0, 948.8, 1000.0, 1100.0],  # odd n
+])
+def test_interval_p50_and_fps_p50_are_one_sample(interval_ms):
+    """FPS P50 is frames ÷ the interval P50's own interval: with 12 frames and interval P50 948.8 ms
+    it is 12.65, where ranking per-interval FPS (the old rule) gave 12 / 1.0 s at even n."""
+    samples = [M.Sample(1, 1, 5 + i, int(ms * 1e6), 12) for i, ms in enumerate(interval_ms)]
+    p50 = S.nearest_rank([s.ns for s in samples], 50)
+    assert M.median_interval(samples).ns == p50
+    fps = M.median_interval_fps(samples)
+    assert fps == pytest.approx(12 / (p50 / 1e9)) and fps == pytest.approx(12 / 0.9488)
+    sel = M.Selection("cpu_ready", tuple(samples), len(samples))
+    b = boundary_summary(sel, BootstrapDef(0, 0, 0.95, "sessions"), None)
+    assert b.intervals.p50_ms == pytest.approx(948.8)
+    assert b.fps_median == pytest.approx(12 / 0.9488)  # 12.65, not 12.00
