@@ -87,6 +87,19 @@ class CausalCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.slots if t is not None)
 
+    def copy(self) -> "CausalCache":
+        """A snapshot: the convolutions replace their slot's tensor rather than write into it, so
+        sharing the tensors is enough to keep this state while the copy's owner runs on."""
+        out = CausalCache(len(self.slots))
+        out.slots, out.steps, out.first = list(self.slots), self.steps, self.first
+        return out
+
+    def same_state(self, other: "CausalCache") -> bool:
+        """Bit for bit the same history in every slot (the first-frame flag included)."""
+        return self.first == other.first and len(self.slots) == len(other.slots) and all(
+            (a is None and b is None) or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
+            for a, b in zip(self.slots, other.slots))
+
 
 # ---- building blocks ---------------------------------------------------------------------------
 class CausalConv3d(nn.Conv3d):
@@ -385,9 +398,17 @@ class WanVAE(nn.Module):
         """Pixels (B, 3, 1+4k, H, W) in [-1, 1] → normalised latent mean (B, z, 1+k, H/8, W/8)."""
         if (video.shape[2] - 1) % 4:
             raise HarnessError(f"the encoder takes 1+4k frames, got {video.shape[2]}")
-        cache = CausalCache(self.encoder.num_slots)
-        parts = [self.encoder(video[:, :, :1], cache)]
-        parts += [self.encoder(video[:, :, i : i + 4], cache) for i in range(1, video.shape[2], 4)]
+        groups = [video[:, :, :1]] + [video[:, :, i : i + 4] for i in range(1, video.shape[2], 4)]
+        return self.encode_groups(groups, self.new_encode_cache())
+
+    def new_encode_cache(self) -> CausalCache:
+        return CausalCache(self.encoder.num_slots)
+
+    def encode_groups(self, groups: list[torch.Tensor], cache: CausalCache) -> torch.Tensor:
+        """Pixel groups, each one latent frame's worth (the session's first pixel frame alone, then
+        4 frames at a time), continuing the encoder history in ``cache`` → normalised latent mean
+        (B, z, len(groups), H/8, W/8)."""
+        parts = [self.encoder(g, cache) for g in groups]
         mu = self.quant_conv(torch.cat(parts, dim=2), cache)[:, : self.z_dim]
         return (mu - self.latents_mean) / self.latents_std
 
