@@ -5,14 +5,15 @@ and Plücker builder (``camera_trajectory_from_absolute_pose``, ``build_plucker_
 glue its pipeline runs around them per chunk (``_prepare_camera``: prepend the previous chunk's
 last pose, or the identity for a session's first chunk, as the anchor; drop the anchor's rays;
 pixel-unshuffle by 8). The glue lives in the pipeline module, which cannot be imported without
-torchvision, so these tests restate it from its reading; everything that computes is theirs.
+torchvision, so tests/helpers/omni_production.py restates it from its reading; everything that
+computes is theirs.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from helpers import omni_production
 
 from harness.engine import camera
 from harness.engine.dit_engine import chunk_camera
@@ -35,28 +36,7 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def production_rays(lingbot, chunks, *, poses_per_chunk=None):
-    """Production's folded (384, F, h, w) camera map per chunk, for key actions (its action path)
-    or for absolute poses (its pose-stream path, translations divided by the 0.05 step)."""
-    A, C = lingbot.actions, lingbot.camera
-    tail, pitch, out = None, 0.0, []
-    for c in range(len(chunks if poses_per_chunk is None else poses_per_chunk)):
-        if poses_per_chunk is None:
-            frames = [list(a) if isinstance(a, str) else a for a in chunks[c]]
-            traj, pitch = A.integrate_lingbot_camera_actions(
-                frames, width=W, height=H, initial_pose=None if tail is None else tail.poses[-1], initial_pitch=pitch)
-            scale = None
-        else:
-            traj = A.camera_trajectory_from_absolute_pose(torch.from_numpy(poses_per_chunk[c]), width=W, height=H)
-            scale = A.LINGBOT_CONTROLLER_TRANSLATION_UNIT
-        anchor = tail if tail is not None else C.CameraTrajectory(
-            poses=torch.eye(4, dtype=traj.poses.dtype)[None], intrinsics=traj.intrinsics[:1])
-        full = C.CameraTrajectory(poses=torch.cat((anchor.poses, traj.poses)),
-                                  intrinsics=torch.cat((anchor.intrinsics, traj.intrinsics)))
-        emb = C.build_plucker_embedding(full, height=H, width=W, target_height=H, target_width=W,
-                                        device=torch.device("cpu"), dtype=torch.float32, translation_scale=scale)[1:]
-        tail = C.CameraTrajectory(poses=traj.poses[-1:].clone(), intrinsics=traj.intrinsics[-1:].clone())
-        out.append(F.pixel_unshuffle(emb, 8).permute(1, 0, 2, 3))
-    return out
+    return omni_production.production_rays(lingbot, chunks, height=H, width=W, poses_per_chunk=poses_per_chunk)
 
 
 def our_rays(chunks=None, poses_per_chunk=None):
