@@ -112,6 +112,7 @@ class CausalConv3d(nn.Conv3d):
         self.history = 2 * pt
         self.pad_h, self.pad_w = ph, pw
         self.slot = -1  # index into CausalCache.slots, assigned by the owning coder
+        self.onednn_on_cpu = False  # set by the encoder (see Encoder.__init__)
 
     def forward(self, x: torch.Tensor, cache: CausalCache, width: WidthOps = LOCAL) -> torch.Tensor:
         x = width.pad2d(x, self.pad_h, self.pad_w)
@@ -122,6 +123,8 @@ class CausalConv3d(nn.Conv3d):
             x = torch.cat([past, x], dim=2)
             # clone: a view would keep the whole concatenation alive between frames
             cache.slots[self.slot] = x[:, :, -self.history:].clone()
+        if self.onednn_on_cpu and x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+            return torch.mkldnn_convolution(x, self.weight, self.bias, [0, 0, 0], list(self.stride), [1, 1, 1], 1)
         return F.conv3d(x, self.weight, self.bias, self.stride)
 
 
@@ -344,6 +347,14 @@ class Encoder(nn.Module):
         self.norm_out = RMSNorm(dims[-1])
         self.conv_out = CausalConv3d(dims[-1], z_dim, 3, padding=1)
         self.num_slots = _assign_slots(self)
+        # The image condition runs the encoder every chunk until its fixed point (engine/image.py).
+        # PyTorch's CPU heuristic sends a batch-1 3-D convolution with few channels to its slow
+        # reference kernel (slow_conv3d: 12x oneDNN's time at the tiny preset's shapes), so the
+        # encoder calls oneDNN itself; the decoder keeps F.conv3d (its sharded and unsharded runs
+        # are compared bit for bit, tests/engine/test_vae_shard.py).
+        for m in self.modules():
+            if isinstance(m, CausalConv3d):
+                m.onednn_on_cpu = True
 
     def forward(self, x, cache: CausalCache, width: WidthOps = LOCAL):
         x = self.conv_in(x, cache, width)
