@@ -8,7 +8,9 @@ chunks. So the condition after the first latent frame is not zero: it is what th
 of zero pixels after the image (for the Wan 2.1 statistics, rms ≈ 0.5 after normalisation), and it
 changes while the image is still in the encoder's causal history. Once that history stops
 changing (a chunk's history comes back bit-identical to the one it was given: a fixed point, as
-production detects it) the last condition is reused and the encoder no longer runs.
+production detects it) the last condition is reused and the encoder no longer runs. The check
+reads one bool per cache slot back from the device, so until the fixed point a chunk has one
+host wait after its encoder pass (production's check is the same).
 
 The DiT rank builds only the encoder half of the VAE, once per process, and no decoder memory on
 the DiT GPUs.
