@@ -98,10 +98,19 @@ class CacheConfig(_Section):
     max_sessions: int = 1  # sessions whose KV can be resident at once (pool sizing)
 
 
+#: "session-stream": one generator per session seeded with the session's seed, drawn in order
+#: (each chunk's initial noise, then its re-noise per step), as production draws it;
+#: "per-chunk-step": every draw re-seeded from (seed, chunk, step), so a chunk's noise does not
+#: depend on the chunks before it (A/B reproducibility of single chunks). harness/engine/noise.py
+NoiseConvention = Literal["session-stream", "per-chunk-step"]
+NOISE_CONVENTIONS: tuple[str, ...] = ("session-stream", "per-chunk-step")
+
+
 class ScheduleConfig(_Section):
     timesteps: tuple[int, ...] = (1000, 750, 500, 250)
     flow_shift: float = 5.0
     num_train_timesteps: int = 1000
+    noise: NoiseConvention = "session-stream"
 
 
 class VaeConfig(_Section):
@@ -229,6 +238,8 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
          "cache.window_frames - sink_frames must be whole chunks"),
         (list(cfg.schedule.timesteps) == sorted(cfg.schedule.timesteps, reverse=True) and len(cfg.schedule.timesteps) >= 1,
          "schedule.timesteps must be a non-empty decreasing sequence"),
+        (cfg.schedule.noise in NOISE_CONVENTIONS,
+         f"schedule.noise must be one of {', '.join(NOISE_CONVENTIONS)}, got {cfg.schedule.noise!r}"),
         (cfg.runtime.sessions >= 1, "runtime.sessions must be ≥ 1 (the warm-up session counts)"),
         (cfg.runtime.max_pending_decodes >= 1, "runtime.max_pending_decodes must be ≥ 1"),
         (cfg.runtime.ring_slots >= 1 and cfg.runtime.queue_depth >= 1, "runtime.ring_slots and queue_depth must be ≥ 1"),
@@ -243,6 +254,9 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
             (p.sp == 1, f"engine.backend vllm-omni runs with parallel.sp = 1 (vLLM-Omni's sequence parallelism needs NCCL "
                         f"on GPUs, not run here); this config has sp = {p.sp}: add --sp 1"),
             (cfg.runtime.device == "cpu", "engine.backend vllm-omni is verified on CPU only (--device cpu)"),
+            # its runner is built with enforce_eager: a compiled run would be recorded as compiled and run eager
+            (cfg.runtime.mode == "eager", f"engine.backend vllm-omni runs eager only (its block runner is built with "
+                                          f"enforce_eager); this config has mode = {cfg.runtime.mode}: use --mode eager"),
         ]
 
     checks += _architecture_checks(cfg)

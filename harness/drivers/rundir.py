@@ -158,7 +158,8 @@ def manifest(cfg, *, candidates, hooks, placement, devices, extra=None) -> dict:
         "hooks": list(hooks),
         "placement": placement,
         "devices": devices,
-        "seeds": {"run": cfg.runtime.seed, "sessions": "seed + session index"},
+        # what a seed stands for: the noise convention (schedule.noise, harness/engine/noise.py)
+        "seeds": {"run": cfg.runtime.seed, "sessions": "seed + session index", "noise": cfg.schedule.noise},
         "protocol": {
             "sessions": cfg.runtime.sessions,
             "warmup_epochs": 1,

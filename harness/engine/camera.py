@@ -12,7 +12,8 @@ model is conditioned on the same rays (tests/engine/omni checks this against vLL
   own x axis (the accumulated pitch is kept within ±85°: a step that would leave it is dropped),
   translation 0.05 along the camera's forward / right directions projected onto the ground plane
   (so looking down does not move the camera down). Poses are integrated in float64 from the
-  session's first pose (the identity) and carried across chunks with the accumulated pitch.
+  session's first pose (the identity) and carried across chunks with the accumulated pitch;
+  they are rounded to float32 before they are differenced (production's order, framewise_poses).
 * pose encoding: each frame's pose relative to the previous frame's (the chunk's first frame
   relative to the previous chunk's last; a session starts from the identity). Translations are
   divided by the largest one in the chunk for actions (production's action path), or by the
@@ -117,19 +118,33 @@ def validate_poses(poses: object, frames: int | None = None) -> np.ndarray:
     return p
 
 
-def framewise_poses(anchor: np.ndarray, poses: np.ndarray, translation_scale: float | None) -> np.ndarray:
-    """Each frame's pose relative to the previous one (frame 0's to ``anchor``), translations
-    divided by ``translation_scale``, or by the chunk's largest translation when None (no
-    division when the chunk does not move)."""
-    prev = np.concatenate([np.asarray(anchor, dtype=np.float64)[None], poses[:-1]])
-    rt = prev[:, :3, :3].transpose(0, 2, 1)
-    out = np.tile(np.eye(4), (len(poses), 1, 1))
-    out[:, :3, :3] = rt @ poses[:, :3, :3]
-    out[:, :3, 3] = (rt @ (poses[:, :3, 3] - prev[:, :3, 3])[..., None])[..., 0]
-    scale = np.linalg.norm(out[:, :3, 3], axis=-1).max() if translation_scale is None else translation_scale
-    if scale > 0:
-        out[:, :3, 3] /= scale
+def _inverse(poses: Tensor) -> Tensor:
+    """Rigid inverses (R, t) → (Rᵀ, −Rᵀt)."""
+    rt = poses[:, :3, :3].transpose(-1, -2)
+    out = torch.eye(4, dtype=poses.dtype).repeat(poses.shape[0], 1, 1)
+    out[:, :3, :3] = rt
+    out[:, :3, 3:] = -torch.bmm(rt, poses[:, :3, 3:])
     return out
+
+
+def framewise_poses(anchor: np.ndarray, poses: np.ndarray, translation_scale: float | None) -> Tensor:
+    """Each frame's pose relative to the previous one (frame 0's to ``anchor``), (F, 4, 4) float32,
+    translations divided by ``translation_scale``, or by the chunk's largest translation when None
+    (no division when the chunk does not move).
+
+    Computed as production computes it: the absolute poses (integrated in float64) are rounded to
+    float32 first, made relative to the anchor, then to the previous frame, all in float32. Far
+    from the origin the rounding of the absolute poses is most of a small step (≈ 1e-6 at 10 units
+    against a 0.05 step), so differencing them in float64 instead would give other rays there."""
+    raw = torch.from_numpy(np.concatenate([np.asarray(anchor, dtype=np.float64)[None], poses])).to(torch.float32)
+    rel = torch.matmul(_inverse(raw[:1]), raw)
+    rel[0] = torch.eye(4, dtype=rel.dtype)
+    rel[1:] = torch.bmm(_inverse(rel[:-1]), rel[1:])
+    t = rel[:, :3, 3]
+    scale = torch.linalg.vector_norm(t, dim=-1).max() if translation_scale is None else translation_scale
+    if float(scale) > 0:
+        rel[:, :3, 3] = t / scale
+    return rel[1:]
 
 
 def default_intrinsics(height: int, width: int) -> tuple[float, float, float, float]:

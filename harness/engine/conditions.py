@@ -5,8 +5,12 @@ prompt maps to a deterministic synthetic embedding (std ≈ 1, seeded from SHA-2
 prompt) unless the caller supplies real embeddings (a tensor, or a .npy/.safetensors file).
 
 Image condition (Wan I2V layout): y = concat(4 mask channels, 16 latent channels). The session's
-first latent frame carries the VAE-encoded first image and a mask of ones; every later frame has a
-zero mask and a zero latent. Model input = concat(noisy latent 16, y 20) = 36 channels.
+first latent frame has a mask of ones, every later frame a zero mask. The latent channels are, by
+default, production's: the VAE encoder run over the image and then zero pixel frames, chunk by
+chunk (``harness.engine.image.EncodedCondition``), so frames after the first carry the encoding of
+zero pixels, not zeros. A caller that hands a latent directly (``image_latent``: no encoder at
+hand) gets it in the first frame and zero latents after; with no image at all every latent
+channel is zero. Model input = concat(noisy latent 16, y 20) = 36 channels.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -24,12 +29,42 @@ from harness.config import LATENT_CHANNELS, MASK_CHANNELS
 from harness.errors import HarnessError
 
 
+class ImageCondition(Protocol):
+    def latents(self, chunk: int) -> Tensor:
+        """The image-condition latents (16, F, h, w) of the session's chunk ``chunk`` (in order)."""
+        ...
+
+
 @dataclass
 class SessionConditions:
     prompt: str = ""
     seed: int = 0
-    image_latent: Tensor | None = None  # (16, 1, h, w): VAE-encoded first frame; None = zeros
+    image_latent: Tensor | None = None  # (16, 1, h, w): VAE-encoded first frame, zero latents after
     text_embedding: Tensor | None = None  # (≤ text_len, text_dim); None = synthetic from prompt
+    #: production's image condition (image.EncodedCondition); takes the place of image_latent
+    image_condition: ImageCondition | None = None
+
+
+class GivenLatent:
+    """A first-frame latent handed over directly: it in the session's first latent frame, zero
+    latents after (no encoder is at hand to continue over zero pixels)."""
+
+    def __init__(self, latent: Tensor, frames: int):
+        self.latent, self.frames = latent, frames
+
+    def latents(self, chunk: int) -> Tensor:
+        out = self.latent.new_zeros(self.latent.shape[0], self.frames, *self.latent.shape[2:])
+        if chunk == 0:
+            out[:, :1] = self.latent
+        return out
+
+
+def session_image(cond: SessionConditions, frames: int, h: int, w: int, device: torch.device) -> ImageCondition | None:
+    """The session's image condition, or None for none at all (zero latents)."""
+    if cond.image_condition is not None:
+        return cond.image_condition
+    latent = check_image_latent(cond.image_latent, h, w)
+    return None if latent is None else GivenLatent(latent.to(device, torch.float32), frames)
 
 
 def derive_seed(*parts: object) -> int:
@@ -106,14 +141,18 @@ def check_image_latent(latent: Tensor | None, h: int, w: int) -> Tensor | None:
     return latent
 
 
-def image_condition(image_latent: Tensor | None, first_frame: int, frames: int, h: int, w: int,
+def image_condition(image: ImageCondition | None, chunk: int, frames: int, h: int, w: int,
                     *, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """y (20, F, h, w) for the latent frames [first_frame, first_frame + frames) of a session."""
+    """y (20, F, h, w) for the session's chunk ``chunk`` (latent frames from chunk·F on)."""
     y = torch.zeros(MASK_CHANNELS + LATENT_CHANNELS, frames, h, w, device=device, dtype=dtype)
-    if first_frame == 0:
+    if chunk == 0:
         y[:MASK_CHANNELS, 0] = 1
-        if image_latent is not None:
-            y[MASK_CHANNELS:, 0] = image_latent[:, 0].to(device=device, dtype=dtype)
+    if image is not None:
+        lat = image.latents(chunk)
+        if tuple(lat.shape) != (LATENT_CHANNELS, frames, h, w):
+            raise HarnessError(f"image condition of chunk {chunk} has shape {tuple(lat.shape)}, "
+                               f"expected {(LATENT_CHANNELS, frames, h, w)}")
+        y[MASK_CHANNELS:] = lat.to(device=device, dtype=dtype)
     return y
 
 

@@ -3,9 +3,10 @@
 A chunk is 5 forwards of the DiT on the chunk's latent frames: 4 DMD denoise steps
 (phases "denoise0".."denoise3") and the "commit" pass at t = 0 on the clean x0 that leaves the
 chunk's final K/V in the cache for later chunks. Every rank of the SP group calls the same methods
-in the same order; each holds the full (small) latent, draws the same noise from a generator
-seeded by (session seed, chunk, step), runs its token slice through the blocks and all-gathers the
-velocity, so the returned latent is identical on every rank.
+in the same order; each holds the full (small) latent, draws the same noise from its own copy of
+the session's noise (``schedule.noise``, harness/engine/noise.py: by default production's one
+stream per session, seeded with the session's seed), runs its token slice through the blocks and
+all-gathers the velocity, so the returned latent is identical on every rank.
 
 Inside a chunk nothing waits on the host: timestep embeddings and RoPE tables are precomputed on
 the device, and the only host → device traffic is once per chunk (the block table and the F×4×4
@@ -47,11 +48,12 @@ from torch._dynamo.utils import counters, get_compilation_metrics
 from harness.config import LATENT_CHANNELS, HarnessConfig
 from harness.engine import camera, schedule
 from harness.engine.attention import dense, kv_path
-from harness.engine.conditions import (SessionConditions, check_image_latent, derive_seed, image_condition,
-                                       model_input, session_text_embedding)
+from harness.engine.conditions import (ImageCondition, SessionConditions, image_condition, model_input, session_image,
+                                       session_text_embedding)
 from harness.engine.dit import ForwardContext, RopeTables, TokenLayout, WanDiT, build_model, sinusoidal
 from harness.engine.groups import RankGroup
 from harness.engine.kvcache import PagedKVCache, SessionKV
+from harness.engine.noise import SessionNoise
 from harness.engine.ulysses import token_range
 from harness.engine.weights import init_weights, load_weights
 from harness.errors import HarnessError
@@ -71,7 +73,8 @@ class DitSession:
     seed: int
     kv: SessionKV
     text_kv: list[tuple[Tensor, Tensor]]
-    image_latent: Tensor | None
+    image: ImageCondition | None
+    noise: SessionNoise | None  # None on the meta device: shapes only
     chunk: int = 0
     pose_state: camera.CameraState = field(default_factory=camera.CameraState.start)  # after the last committed chunk
     kv_tokens: list[int] = field(default_factory=list)  # effective self-attention K length per chunk
@@ -120,7 +123,6 @@ class DitEngine:
         self.rope = RopeTables(m.head_dim, self.grid, self.layout, self.device)
         self.t_freq = sinusoidal(self.timesteps, m.freq_dim).to(self.device)  # (phases, freq_dim)
         self.rays = camera.CameraRays(v.height, v.width, self.device)
-        self._gen = None if self.meta else torch.Generator(device=self.device)
         #: H2a switch: evaluate the per-block camera injection in a chunk's first forward only.
         self.camera_cache = False
         self.mode = cfg.runtime.mode
@@ -215,12 +217,12 @@ class DitEngine:
     @torch.inference_mode()
     def start_session(self, conditions: SessionConditions) -> DitSession:
         m = self.cfg.model
-        image = check_image_latent(conditions.image_latent, *self.latent_hw)
+        image = session_image(conditions, self.frames, *self.latent_hw, self.device)
         text = session_text_embedding(conditions, m.text_len, m.text_dim).to(self.device, self.dtype)
+        noise = None if self.meta else SessionNoise(self.cfg.schedule.noise, conditions.seed, self.device)
         kv = self.cache.open(self.kv_layout)
         s = DitSession(sid=next(self._sessions), seed=int(conditions.seed), kv=kv,
-                       text_kv=self.model.text_kv(text),
-                       image_latent=None if image is None else image.to(self.device, torch.float32))
+                       text_kv=self.model.text_kv(text), image=image, noise=noise)
         self._emit("session_start", session=s.sid)
         return s
 
@@ -252,7 +254,7 @@ class DitEngine:
         rel, moved = chunk_camera(session.pose_state, actions, poses, self.frames)
         rays = self.rays(_to_device(rel, self.device))
         cam = self.model.camera_tokens(rays, self.layout).to(self.dtype)
-        y = image_condition(session.image_latent, first, self.frames, *self.latent_hw, device=self.device, dtype=self.dtype)
+        y = image_condition(session.image, session.chunk, self.frames, *self.latent_hw, device=self.device, dtype=self.dtype)
         self.cache.begin_chunk(session.kv, self.frames)
         session.kv_tokens.append(self.cache.visible_tokens(session.kv))
         ctx = ForwardContext(group=self.group, layout=self.layout, grid=self.grid, rope=self.rope.for_chunk(first),
@@ -261,6 +263,8 @@ class DitEngine:
         if self.hooks:
             self._emit("chunk_start", session=session.sid, chunk=session.chunk, kv_tokens=session.kv_tokens[-1])
 
+        if session.noise is not None:
+            session.noise.begin_chunk()
         x = self._noise(session, 0)
         x0 = x
         steps = len(self.sigmas)
@@ -272,7 +276,10 @@ class DitEngine:
         self._forward(session, ctx, x0, y, cam, steps)  # commit: K/V of the clean chunk
         ctx.camera = None  # the camera cache lives for one chunk: the next one has new poses
         self.cache.commit(session.kv)
-        session.pose_state = moved  # only once the chunk committed: a failed chunk retries from the same place
+        # only once the chunk committed: a failed chunk retries from the same place
+        session.pose_state = moved
+        if session.noise is not None:
+            session.noise.commit_chunk()
         if self.hooks:
             self._emit("chunk_end", session=session.sid, chunk=session.chunk)
         session.chunk += 1
@@ -306,7 +313,7 @@ class DitEngine:
             return
         self.cache.free_session(session.kv)
         session.text_kv = []
-        session.image_latent = None
+        session.image = session.noise = None
         session.closed = True
         if self.hooks:
             self._emit("session_end", session=session.sid)
@@ -316,21 +323,14 @@ class DitEngine:
 
     # ---- internals -------------------------------------------------------------------------------
     def _noise(self, session: DitSession, step: int) -> Tensor:
-        h, w = self.latent_hw
-        if self._gen is None:  # meta: shapes only
-            return torch.empty(LATENT_CHANNELS, self.frames, h, w, device=self.device)
-        return chunk_noise(self._gen, session.seed, session.chunk, step, (LATENT_CHANNELS, self.frames, h, w))
+        shape = (LATENT_CHANNELS, self.frames, *self.latent_hw)
+        if session.noise is None:  # meta: shapes only
+            return torch.empty(shape, device=self.device)
+        return session.noise.draw(session.chunk, step, shape)
 
     def _emit(self, event: str, **info) -> None:
         for h in self.hooks:
             h(event, info)
-
-
-def chunk_noise(gen: torch.Generator, seed: int, chunk: int, step: int, shape: tuple[int, ...]) -> Tensor:
-    """The noise of denoise step ``step`` of a session's chunk: a pure function of (seed, chunk,
-    step), so a chunk's noise does not depend on what ran before it (retries, other sessions)."""
-    gen.manual_seed(derive_seed("noise", seed, chunk, step))
-    return torch.randn(shape, generator=gen, device=gen.device)
 
 
 def chunk_camera(state: camera.CameraState, actions: list | None, poses, frames: int) -> tuple[Tensor, camera.CameraState]:
@@ -343,8 +343,7 @@ def chunk_camera(state: camera.CameraState, actions: list | None, poses, frames:
         scale = None
     else:
         raise HarnessError("generate_chunk needs actions (one per latent frame) or poses")
-    rel = torch.from_numpy(camera.framewise_poses(state.pose, world, scale)).float()
-    return rel, camera.CameraState(world[-1].copy(), pitch)
+    return camera.framewise_poses(state.pose, world, scale), camera.CameraState(world[-1].copy(), pitch)
 
 
 def _to_device(t: Tensor, device: torch.device) -> Tensor:

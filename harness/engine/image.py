@@ -1,8 +1,19 @@
-"""The session's conditioning image: a deterministic synthetic picture, encoded by the Wan VAE
-encoder into the (16, 1, h, w) latent that conditions latent frame 0 (DESIGN §2).
+"""The session's conditioning image: a deterministic synthetic picture, and the image condition
+the DiT sees in every chunk, built as production builds it (DESIGN §2).
 
-The DiT rank builds only the encoder half of the VAE, once per process, so conditioning costs
-one encoder pass per session and no decoder memory on the DiT GPUs.
+Production (vLLM-Omni 0.30.0, LingBot-World's stepwise sessions) runs the Wan VAE's causal
+encoder over the session's pixel video: the image as the first pixel frame, then zero pixel
+frames, four per later latent frame, chunk by chunk with the encoder's history carried between
+chunks. So the condition after the first latent frame is not zero: it is what the encoder makes
+of zero pixels after the image (for the Wan 2.1 statistics, rms ≈ 0.5 after normalisation), and it
+changes while the image is still in the encoder's causal history. Once that history stops
+changing (a chunk's history comes back bit-identical to the one it was given: a fixed point, as
+production detects it) the last condition is reused and the encoder no longer runs. The check
+reads one bool per cache slot back from the device, so until the fixed point a chunk has one
+host wait after its encoder pass (production's check is the same).
+
+The DiT rank builds only the encoder half of the VAE, once per process, and no decoder memory on
+the DiT GPUs.
 """
 
 from __future__ import annotations
@@ -10,8 +21,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.config import HarnessConfig
-from harness.engine.vae import build_vae
+from torch import Tensor
+
+from harness.config import HarnessConfig, VAE_TEMPORAL
+from harness.engine.vae import CausalCache, WanVAE, build_vae
+from harness.errors import HarnessError
 
 _ENCODERS: dict[tuple, object] = {}
 
@@ -35,15 +49,70 @@ def _encoder(cfg: HarnessConfig, device: torch.device, seed: int):
     return _ENCODERS[key]
 
 
-def encode_image(model, image_uint8_hwc, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+def image_pixels(image_uint8_hwc, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """(H, W, 3) uint8 RGB → (1, 3, 1, H, W) in [-1, 1], scaled as production scales a picture
+    (÷ 255, then × 2 − 1)."""
+    img = torch.as_tensor(image_uint8_hwc).to(device)
+    return (img.permute(2, 0, 1)[None, :, None].float() / 255.0 * 2.0 - 1.0).to(dtype)
+
+
+def encode_image(model: WanVAE, image_uint8_hwc, device: torch.device, dtype: torch.dtype) -> Tensor:
     """(H, W, 3) uint8 RGB → (z, 1, H/8, W/8) float32 latent, one rank, no sharding."""
-    img = torch.as_tensor(image_uint8_hwc)
-    x = (img.to(device).permute(2, 0, 1)[None, :, None].float() / 127.5 - 1.0).to(dtype)
     with torch.inference_mode():
-        return model.encode(x)[0].float()
+        return model.encode(image_pixels(image_uint8_hwc, device, dtype))[0].float()
 
 
-def conditioning_image_latent(cfg: HarnessConfig, image_seed: int, device: torch.device) -> torch.Tensor:
+class EncodedCondition:
+    """The image-condition latents (z, F, h, w) of a session's chunks, in production's convention
+    (module docstring). Chunks are asked for in order; asking again for the last one (a chunk run
+    again after a failure) returns the same latents."""
+
+    def __init__(self, model: WanVAE, pixels: Tensor, frames_per_chunk: int):
+        if pixels.ndim != 5 or pixels.shape[:3] != (1, 3, 1):
+            raise HarnessError(f"the conditioning image must be (1, 3, 1, H, W) pixels, got {tuple(pixels.shape)}")
+        self.model, self.pixels, self.frames = model, pixels, frames_per_chunk
+        self._zeros = pixels.new_zeros(1, 3, VAE_TEMPORAL, *pixels.shape[3:])
+        self._cache: CausalCache = model.new_encode_cache()
+        self._next = 0
+        self._last: Tensor | None = None
+        self.fixed_at: int | None = None  # first chunk whose condition is the fixed point
+        self.encoded_chunks = 0  # chunks the encoder ran for
+
+    def latents(self, chunk: int) -> Tensor:
+        if chunk == self._next - 1 and self._last is not None:
+            return self._last
+        if chunk != self._next:
+            raise HarnessError(f"image condition for chunk {chunk} asked after chunk {self._next - 1}: chunks come in order")
+        if self.fixed_at is None:
+            self._last = self._encode(chunk)
+        self._next += 1
+        return self._last
+
+    def _encode(self, chunk: int) -> Tensor:
+        cache = self._cache.copy()
+        groups = [self.pixels if chunk == 0 and i == 0 else self._zeros for i in range(self.frames)]
+        with torch.inference_mode():
+            out = self.model.encode_groups(groups, cache)[0].float()
+        self.encoded_chunks += 1
+        if chunk > 0 and cache.same_state(self._cache):
+            self.fixed_at = chunk
+        self._cache = cache
+        return out
+
+
+def _conditioning_pixels(cfg: HarnessConfig, image_seed: int, device: torch.device) -> tuple[WanVAE, Tensor]:
     img = synthetic_image(image_seed, cfg.video.height, cfg.video.width)
-    model = _encoder(cfg, device, cfg.runtime.seed)
-    return encode_image(model, img, device, getattr(torch, cfg.runtime.vae_dtype))
+    return _encoder(cfg, device, cfg.runtime.seed), image_pixels(img, device, getattr(torch, cfg.runtime.vae_dtype))
+
+
+def conditioning_image(cfg: HarnessConfig, image_seed: int, device: torch.device) -> EncodedCondition:
+    """The session's image condition, chunk by chunk, from the synthetic image of ``image_seed``."""
+    model, pixels = _conditioning_pixels(cfg, image_seed, device)
+    return EncodedCondition(model, pixels, cfg.video.frames_per_chunk)
+
+
+def conditioning_image_latent(cfg: HarnessConfig, image_seed: int, device: torch.device) -> Tensor:
+    """The first latent frame only (z, 1, h, w): the image encoded alone."""
+    model, pixels = _conditioning_pixels(cfg, image_seed, device)
+    with torch.inference_mode():
+        return model.encode(pixels)[0].float()

@@ -87,6 +87,19 @@ class CausalCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.slots if t is not None)
 
+    def copy(self) -> "CausalCache":
+        """A snapshot: the convolutions replace their slot's tensor rather than write into it, so
+        sharing the tensors is enough to keep this state while the copy's owner runs on."""
+        out = CausalCache(len(self.slots))
+        out.slots, out.steps, out.first = list(self.slots), self.steps, self.first
+        return out
+
+    def same_state(self, other: "CausalCache") -> bool:
+        """Bit for bit the same history in every slot (the first-frame flag included)."""
+        return self.first == other.first and len(self.slots) == len(other.slots) and all(
+            (a is None and b is None) or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
+            for a, b in zip(self.slots, other.slots))
+
 
 # ---- building blocks ---------------------------------------------------------------------------
 class CausalConv3d(nn.Conv3d):
@@ -99,6 +112,7 @@ class CausalConv3d(nn.Conv3d):
         self.history = 2 * pt
         self.pad_h, self.pad_w = ph, pw
         self.slot = -1  # index into CausalCache.slots, assigned by the owning coder
+        self.onednn_on_cpu = False  # set by the encoder (see Encoder.__init__)
 
     def forward(self, x: torch.Tensor, cache: CausalCache, width: WidthOps = LOCAL) -> torch.Tensor:
         x = width.pad2d(x, self.pad_h, self.pad_w)
@@ -109,6 +123,8 @@ class CausalConv3d(nn.Conv3d):
             x = torch.cat([past, x], dim=2)
             # clone: a view would keep the whole concatenation alive between frames
             cache.slots[self.slot] = x[:, :, -self.history:].clone()
+        if self.onednn_on_cpu and x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+            return torch.mkldnn_convolution(x, self.weight, self.bias, [0, 0, 0], list(self.stride), [1, 1, 1], 1)
         return F.conv3d(x, self.weight, self.bias, self.stride)
 
 
@@ -331,6 +347,14 @@ class Encoder(nn.Module):
         self.norm_out = RMSNorm(dims[-1])
         self.conv_out = CausalConv3d(dims[-1], z_dim, 3, padding=1)
         self.num_slots = _assign_slots(self)
+        # The image condition runs the encoder every chunk until its fixed point (engine/image.py).
+        # PyTorch's CPU heuristic sends a batch-1 3-D convolution with few channels to its slow
+        # reference kernel (slow_conv3d: 12x oneDNN's time at the tiny preset's shapes), so the
+        # encoder calls oneDNN itself; the decoder keeps F.conv3d (its sharded and unsharded runs
+        # are compared bit for bit, tests/engine/test_vae_shard.py).
+        for m in self.modules():
+            if isinstance(m, CausalConv3d):
+                m.onednn_on_cpu = True
 
     def forward(self, x, cache: CausalCache, width: WidthOps = LOCAL):
         x = self.conv_in(x, cache, width)
@@ -385,9 +409,17 @@ class WanVAE(nn.Module):
         """Pixels (B, 3, 1+4k, H, W) in [-1, 1] → normalised latent mean (B, z, 1+k, H/8, W/8)."""
         if (video.shape[2] - 1) % 4:
             raise HarnessError(f"the encoder takes 1+4k frames, got {video.shape[2]}")
-        cache = CausalCache(self.encoder.num_slots)
-        parts = [self.encoder(video[:, :, :1], cache)]
-        parts += [self.encoder(video[:, :, i : i + 4], cache) for i in range(1, video.shape[2], 4)]
+        groups = [video[:, :, :1]] + [video[:, :, i : i + 4] for i in range(1, video.shape[2], 4)]
+        return self.encode_groups(groups, self.new_encode_cache())
+
+    def new_encode_cache(self) -> CausalCache:
+        return CausalCache(self.encoder.num_slots)
+
+    def encode_groups(self, groups: list[torch.Tensor], cache: CausalCache) -> torch.Tensor:
+        """Pixel groups, each one latent frame's worth (the session's first pixel frame alone, then
+        4 frames at a time), continuing the encoder history in ``cache`` → normalised latent mean
+        (B, z, len(groups), H/8, W/8)."""
+        parts = [self.encoder(g, cache) for g in groups]
         mu = self.quant_conv(torch.cat(parts, dim=2), cache)[:, : self.z_dim]
         return (mu - self.latents_mean) / self.latents_std
 

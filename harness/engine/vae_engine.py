@@ -14,6 +14,7 @@ import torch._dynamo.config as dcfg
 
 from harness.config import VAE_SPATIAL, VAE_TEMPORAL, HarnessConfig
 from harness.engine.groups import RankGroup
+from harness.engine.image import encode_image
 from harness.engine.vae import LOCAL, CausalCache, WanVAE, WidthOps, build_vae, parameter_count
 from harness.engine.vae_shard import WidthShard
 from harness.errors import HarnessError
@@ -123,9 +124,7 @@ class VaeEngine:
         if self._encoder is None:
             self._encoder = build_vae(self.cfg.vae, encoder=True, decoder=False, seed=self.seed,
                                       weights=self.weights_dir, device=self.device, dtype=self.dtype)
-        x = (img.to(self.device).permute(2, 0, 1)[None, :, None].float() / 127.5 - 1.0).to(self.dtype)
-        with torch.inference_mode():
-            return self._encoder.encode(x)[0].float()
+        return encode_image(self._encoder, img, self.device, self.dtype)
 
     @staticmethod
     def frames_for(latent_frames: int, first: bool) -> int:

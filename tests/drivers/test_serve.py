@@ -84,6 +84,7 @@ def test_saved_outputs_layout(runs):
     assert pix.dtype == np.uint8 and pix.shape == (12, 64, 128, 3)
     man = json.loads((d / "manifest.json").read_text())
     assert man["status"] == "complete" and man["scheduler"] == "case-d"
+    assert man["seeds"]["noise"] == man["config"]["schedule"]["noise"] == "session-stream"  # what a seed meant
     assert {"python", "torch", "harness_git"} <= set(man["versions"])
     summary = json.loads((d / "summary.json").read_text())
     assert summary["status"] == "complete"

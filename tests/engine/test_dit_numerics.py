@@ -11,7 +11,7 @@ from safetensors.torch import save_file
 
 from harness.config import ScheduleConfig, load_preset, override
 from harness.engine import camera, schedule
-from harness.engine.conditions import (SessionConditions, image_condition, load_text_embedding,
+from harness.engine.conditions import (GivenLatent, SessionConditions, image_condition, load_text_embedding,
                                        session_text_embedding, synthetic_text_embedding)
 from harness.engine.dit import RopeTables, TokenLayout, apply_rope, rope_dims, unpatchify
 from harness.engine.dit_engine import DitEngine
@@ -99,8 +99,8 @@ def test_actions_move_the_camera():
     _, pitch = camera.integrate_actions(["i"] * 30, camera.CameraState.start())
     assert math.degrees(pitch) == pytest.approx(84.0)
     rel = camera.framewise_poses(np.eye(4), p, None)
-    assert np.allclose(np.linalg.norm(rel[:, :3, 3], axis=-1), [1, 1, 1])  # the chunk's largest step is 1
-    assert np.allclose(camera.framewise_poses(np.eye(4), _poses(["", "", ""]), None), np.eye(4))
+    assert rel.dtype == torch.float32 and np.allclose(np.linalg.norm(rel[:, :3, 3].numpy(), axis=-1), [1, 1, 1])  # the chunk's largest step is 1
+    assert np.allclose(camera.framewise_poses(np.eye(4), _poses(["", "", ""]), None).numpy(), np.eye(4))
     camera.validate_poses(p, 3)
 
 
@@ -164,12 +164,12 @@ def test_text_embeddings(tmp_path):
 
 
 def test_image_condition_layout():
-    img = torch.randn(16, 1, 4, 6)
+    img = GivenLatent(torch.randn(16, 1, 4, 6), 3)  # a latent handed over: zero latents after it
     y0 = image_condition(img, 0, 3, 4, 6, device=CPU, dtype=torch.float32)
     assert y0.shape == (20, 3, 4, 6)
     assert torch.equal(y0[:4, 0], torch.ones(4, 4, 6)) and not y0[:4, 1:].any()
-    assert torch.equal(y0[4:, 0], img[:, 0]) and not y0[4:, 1:].any()
-    assert not image_condition(img, 3, 3, 4, 6, device=CPU, dtype=torch.float32).any()
+    assert torch.equal(y0[4:, 0], img.latent[:, 0]) and not y0[4:, 1:].any()
+    assert not image_condition(img, 1, 3, 4, 6, device=CPU, dtype=torch.float32).any()
     assert not image_condition(None, 0, 3, 4, 6, device=CPU, dtype=torch.float32)[4:].any()
     cfg = override(load_preset("tiny"), parallel={"sp": 1})
     eng = DitEngine(cfg, group=RankGroup.single(), device=CPU, seed=0)

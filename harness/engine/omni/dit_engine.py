@@ -4,9 +4,11 @@ The transformer, its K/V cache (sink + sliding window, request-local) and the DM
 (four probes, x0 = x_t − σ·v, re-noise, the clean commit pass) are vLLM-Omni's own; the harness
 supplies what its engine supplies to its own DiT, so runs of the two engines are comparable
 chunk by chunk: the session's text embedding, image condition, camera rays (production's
-conventions, harness/engine/camera.py), the timesteps and σ of the schedule, and the noise —
-drawn by the DMD runner from its generator, re-seeded to the harness's (seed, chunk, step)
-convention before every draw (production draws one sequential stream per session instead).
+conventions, harness/engine/camera.py), the timesteps and σ of the schedule, and the noise
+generator (harness/engine/noise.py). The chunk's initial noise is drawn from it as production's
+pipeline draws it, the re-noise by the DMD runner itself; under the default ``session-stream``
+convention the generator is the session's one stream, as in production, under ``per-chunk-step``
+it is re-seeded to (seed, chunk, step) before each draw.
 
 Weights are the reference engine's: a checkpoint directory written by ``save_weights`` (or a real
 one), or the seeded random init, loaded through vLLM-Omni's own ``load_weights`` (which fuses the
@@ -28,11 +30,12 @@ from torch import Tensor
 
 from harness.config import LATENT_CHANNELS, HarnessConfig
 from harness.engine import camera, schedule
-from harness.engine.conditions import (SessionConditions, check_image_latent, derive_seed, image_condition,
+from harness.engine.conditions import (ImageCondition, SessionConditions, image_condition, session_image,
                                        session_text_embedding)
 from harness.engine.dit import build_model
-from harness.engine.dit_engine import Hook, chunk_camera, chunk_noise
+from harness.engine.dit_engine import Hook, chunk_camera
 from harness.engine.groups import RankGroup
+from harness.engine.noise import SessionNoise
 from harness.engine.omni import compat
 from harness.engine.weights import init_value
 from harness.errors import HarnessError
@@ -47,7 +50,8 @@ class OmniSession:
     seed: int
     cache: object  # vLLM-Omni's LingBotTransformerCache (self- and cross-attention K/V)
     text: Tensor  # (1, text_len, text_dim)
-    image_latent: Tensor | None
+    image: ImageCondition | None
+    noise: SessionNoise
     chunk: int = 0
     pose_state: camera.CameraState = field(default_factory=camera.CameraState.start)
     closed: bool = False
@@ -107,7 +111,6 @@ class OmniDitEngine:
         self.steps = list(zip(schedule.model_timesteps(cfg.schedule)[: len(sig)], sig))
         self.phases = schedule.phases(cfg.schedule)
         self.rays = camera.CameraRays(v.height, v.width, self.device)
-        self._gen = torch.Generator(device=self.device)
         self._sessions = itertools.count()
         self._open: dict[int, OmniSession] = {}
         self.hooks: list[Hook] = []
@@ -121,11 +124,11 @@ class OmniDitEngine:
     @torch.inference_mode()
     def start_session(self, conditions: SessionConditions) -> OmniSession:
         m, (h, w) = self.cfg.model, self.latent_hw
-        image = check_image_latent(conditions.image_latent, h, w)
+        image = session_image(conditions, self.frames, h, w, self.device)
         text = session_text_embedding(conditions, m.text_len, m.text_dim).to(self.device, self.dtype)[None]
         cache = self.model.allocate_cache(batch_size=1, latent_height=h, latent_width=w, device=self.device, dtype=self.dtype)
-        s = OmniSession(sid=next(self._sessions), seed=int(conditions.seed), cache=cache, text=text,
-                        image_latent=None if image is None else image.to(self.device, torch.float32))
+        s = OmniSession(sid=next(self._sessions), seed=int(conditions.seed), cache=cache, text=text, image=image,
+                        noise=SessionNoise(self.cfg.schedule.noise, conditions.seed, self.device))
         self._open[s.sid] = s
         self._emit("session_start", session=s.sid)
         return s
@@ -142,8 +145,9 @@ class OmniDitEngine:
         first = session.chunk * f
         rel, moved = chunk_camera(session.pose_state, actions, poses, f)
         cam = self.rays(rel.to(self.device))[None].to(self.dtype)
-        y = image_condition(session.image_latent, first, f, h, w, device=self.device, dtype=self.dtype)[None]
-        x = chunk_noise(self._gen, session.seed, session.chunk, 0, (1, LATENT_CHANNELS, f, h, w))
+        y = image_condition(session.image, session.chunk, f, h, w, device=self.device, dtype=self.dtype)[None]
+        session.noise.begin_chunk()
+        x = session.noise.draw(session.chunk, 0, (1, LATENT_CHANNELS, f, h, w))
         args = dict(condition=y, camera=cam, prompt_embeds=session.text, cache=session.cache, ar=None,
                     start_frame=first, camera_cache=self._modulation_cache())
         self._emit("chunk_start", session=session.sid, chunk=session.chunk)
@@ -153,13 +157,13 @@ class OmniDitEngine:
                 flow = self.runner.probe_step(current_latents=x, timestep_value=t, step_index=i, **args)
             self.last_flows.append(flow[0].float())
             last = i + 1 == len(self.steps)
-            if not last:  # the runner draws the re-noise from this generator: our (seed, chunk, step) noise
-                self._gen.manual_seed(derive_seed("noise", session.seed, session.chunk, i + 1))
+            # the runner draws the re-noise of step i + 1 from this generator
             x = self.runner.apply_transition(x, flow, sigma, next_sigma=None if last else self.steps[i + 1][1],
-                                             generator=self._gen)
+                                             generator=session.noise.generator_for(session.chunk, i + 1))
         with self._step(session, len(self.steps), 0.0):
             self.runner.commit_block_kv(latents=x, **args)
         session.pose_state = moved
+        session.noise.commit_chunk()
         self._emit("chunk_end", session=session.sid, chunk=session.chunk)
         session.chunk += 1
         return x[0]

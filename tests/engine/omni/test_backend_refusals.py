@@ -42,6 +42,16 @@ def test_sp_above_one_is_refused(tmp_path, capsys, installed):
     assert rc == 2 and "sp = 2" in err and "NCCL" in err
 
 
+@pytest.mark.parametrize("mode", ["compiled", "deterministic"])
+def test_a_non_eager_mode_is_refused(tmp_path, capsys, installed, mode):
+    """Its block runner is built with enforce_eager: a compiled run would be recorded as compiled
+    and run eager."""
+    installed("0.30.0", "0.30.0")
+    rc, err = _serve(tmp_path, capsys, "--sp", "1", "--mode", mode)
+    assert rc == 2 and err.count("\n") == 0
+    assert f"mode = {mode}" in err and "eager" in err and "--mode eager" in err
+
+
 # H1b's default kernel (cuDNN) needs CUDA and is refused for that first on CPU; math runs anywhere
 @pytest.mark.parametrize("cand", ["H1a", "H1b:math", "H2a"])
 def test_engine_patching_candidates_are_refused(tmp_path, capsys, installed, cand):

@@ -5,14 +5,15 @@ and Plücker builder (``camera_trajectory_from_absolute_pose``, ``build_plucker_
 glue its pipeline runs around them per chunk (``_prepare_camera``: prepend the previous chunk's
 last pose, or the identity for a session's first chunk, as the anchor; drop the anchor's rays;
 pixel-unshuffle by 8). The glue lives in the pipeline module, which cannot be imported without
-torchvision, so these tests restate it from its reading; everything that computes is theirs.
+torchvision, so tests/helpers/omni_production.py restates it from its reading; everything that
+computes is theirs.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+from helpers import omni_production
 
 from harness.engine import camera
 from harness.engine.dit_engine import chunk_camera
@@ -35,28 +36,7 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def production_rays(lingbot, chunks, *, poses_per_chunk=None):
-    """Production's folded (384, F, h, w) camera map per chunk, for key actions (its action path)
-    or for absolute poses (its pose-stream path, translations divided by the 0.05 step)."""
-    A, C = lingbot.actions, lingbot.camera
-    tail, pitch, out = None, 0.0, []
-    for c in range(len(chunks if poses_per_chunk is None else poses_per_chunk)):
-        if poses_per_chunk is None:
-            frames = [list(a) if isinstance(a, str) else a for a in chunks[c]]
-            traj, pitch = A.integrate_lingbot_camera_actions(
-                frames, width=W, height=H, initial_pose=None if tail is None else tail.poses[-1], initial_pitch=pitch)
-            scale = None
-        else:
-            traj = A.camera_trajectory_from_absolute_pose(torch.from_numpy(poses_per_chunk[c]), width=W, height=H)
-            scale = A.LINGBOT_CONTROLLER_TRANSLATION_UNIT
-        anchor = tail if tail is not None else C.CameraTrajectory(
-            poses=torch.eye(4, dtype=traj.poses.dtype)[None], intrinsics=traj.intrinsics[:1])
-        full = C.CameraTrajectory(poses=torch.cat((anchor.poses, traj.poses)),
-                                  intrinsics=torch.cat((anchor.intrinsics, traj.intrinsics)))
-        emb = C.build_plucker_embedding(full, height=H, width=W, target_height=H, target_width=W,
-                                        device=torch.device("cpu"), dtype=torch.float32, translation_scale=scale)[1:]
-        tail = C.CameraTrajectory(poses=traj.poses[-1:].clone(), intrinsics=traj.intrinsics[-1:].clone())
-        out.append(F.pixel_unshuffle(emb, 8).permute(1, 0, 2, 3))
-    return out
+    return omni_production.production_rays(lingbot, chunks, height=H, width=W, poses_per_chunk=poses_per_chunk)
 
 
 def our_rays(chunks=None, poses_per_chunk=None):
@@ -93,6 +73,53 @@ def test_pose_stream_matches_production(lingbot):
                                           production_rays(lingbot, None, poses_per_chunk=chunks))]
     print("camera rel-L2 per chunk (poses):", " ".join(f"{e:.2e}" for e in errs))
     assert max(errs) <= TOL, errs
+
+
+#: 64 chunks forward, turning right and back every 8th: ≈ 9.6 units from the origin at the end,
+#: where the float32 rounding of the absolute poses (≈ 1e-6) is 2e-5 of a 0.05 step
+WALK = [["wl", "w", "wj"] if c % 8 == 0 else ["w", "w", "w"] for c in range(64)]
+
+
+def _fp64_rays(chunks) -> list[torch.Tensor]:
+    """The walk's rays with the poses differenced in float64 (the convention before production's)."""
+    rays, state, out = camera.CameraRays(H, W, torch.device("cpu")), camera.CameraState.start(), []
+    for acts in chunks:
+        world, pitch = camera.integrate_actions(camera.validate_actions(acts, FRAMES), state)
+        prev = np.concatenate([state.pose[None], world[:-1]])
+        rt = prev[:, :3, :3].transpose(0, 2, 1)
+        rel = np.tile(np.eye(4), (FRAMES, 1, 1))
+        rel[:, :3, :3] = rt @ world[:, :3, :3]
+        rel[:, :3, 3] = (rt @ (world[:, :3, 3] - prev[:, :3, 3])[..., None])[..., 0]
+        rel[:, :3, 3] /= max(np.linalg.norm(rel[:, :3, 3], axis=-1).max(), 1e-30)
+        out.append(rays(torch.from_numpy(rel).float()))
+        state = camera.CameraState(world[-1].copy(), pitch)
+    return out
+
+
+def test_a_long_walk_matches_production_at_distance(lingbot, record_property):
+    """Both sides round the absolute poses to float32 before differencing them, in the same order.
+    Differencing in float64 instead (computed here too) passes 1e-6 only near the origin."""
+    ours, states = our_rays(WALK)
+    theirs = production_rays(lingbot, WALK)
+    errs = [rel_l2(a, b) for a, b in zip(ours, theirs)]
+    fp64 = [rel_l2(a, b) for a, b in zip(_fp64_rays(WALK), theirs)]
+    world, _ = camera.integrate_actions(camera.validate_actions([a for c in WALK for a in c], 3 * len(WALK)),
+                                        camera.CameraState.start())
+    chunks = [world[i:i + FRAMES] for i in range(0, len(world), FRAMES)]
+    pose_errs = [rel_l2(a, b) for a, b in zip(our_rays(poses_per_chunk=chunks)[0],
+                                               production_rays(lingbot, None, poses_per_chunk=chunks))]
+    distance = float(np.linalg.norm(states[-1].pose[:3, 3]))
+    record_property("walk_rel_l2_max", max(errs))
+    record_property("walk_pose_stream_rel_l2_max", max(pose_errs))
+    record_property("walk_fp64_rel_l2_max", max(fp64))
+    past = next((c for c, e in enumerate(fp64) if e > TOL), None)
+    print(f"64-chunk walk to {distance:.2f} units: rel-L2 max {max(errs):.2e} (actions), "
+          f"{max(pose_errs):.2e} (poses); last chunk {errs[-1]:.2e}, {pose_errs[-1]:.2e}; "
+          f"fp64 differencing: max {max(fp64):.2e}, past {TOL:g} from chunk {past} "
+          f"({float(np.linalg.norm(states[past].pose[:3, 3])) if past is not None else float('nan'):.2f} units)")
+    assert distance > 9.0 and len(errs) == len(pose_errs) == 64
+    assert max(fp64) > TOL  # the walk is far enough for the convention to matter
+    assert max(errs) <= TOL and max(pose_errs) <= TOL, (errs, pose_errs)
 
 
 def test_action_format_as_production_sends_it():

@@ -74,3 +74,32 @@ def test_streaming_sharded_decode_matches_diffusers(diffusers_wan, record_proper
     record_property("vae_rel_l2_per_chunk", errs)
     print(f"VAE rel-L2 per chunk ({RANKS} ranks):", " ".join(f"{e:.2e}" for e in errs))
     assert max(errs) <= TOL, errs
+
+
+def test_image_condition_matches_productions_encoder(diffusers_wan, record_property):
+    """The image condition of 12 chunks: our encoder continued over zero pixel frames against
+    diffusers' Wan encoder driven as production's ``_prepare_condition_chunk`` drives it
+    (tests/helpers/omni_production.py), both from the same uint8 image."""
+    from helpers.omni_production import ProductionCondition, diffusers_vae
+
+    from harness.engine.image import conditioning_image, synthetic_image
+
+    cfg = load_preset("tiny")
+    v = cfg.video
+    ours = conditioning_image(cfg, 3, torch.device("cpu"))
+    vae = diffusers_vae(cfg.vae, build_vae(cfg.vae, encoder=True, decoder=True, seed=cfg.runtime.seed).state_dict(),
+                        WAN21_LATENTS_MEAN, WAN21_LATENTS_STD)
+    theirs = ProductionCondition(vae, synthetic_image(3, v.height, v.width), v.frames_per_chunk)
+    errs, rms = [], []
+    for c in range(12):
+        prod = theirs.next()[0]
+        mask = torch.zeros_like(prod[:4])
+        mask[:, 0] = float(c == 0)  # ones on the session's first latent frame only
+        assert torch.equal(prod[:4], mask)
+        lat = ours.latents(c).numpy()
+        errs.append(rel_l2(lat, prod[4:].numpy()))
+        rms.append(float((prod[4:, 1:] if c == 0 else prod[4:]).double().pow(2).mean().sqrt()))
+    record_property("image_condition_rel_l2_per_chunk", errs)
+    print("image condition rel-L2 per chunk:", " ".join(f"{e:.2e}" for e in errs),
+          f"| rms after the first frame {min(rms):.3f}..{max(rms):.3f}; our encoder's fixed point at chunk {ours.fixed_at}")
+    assert max(errs) <= TOL and min(rms) > 0.1, (errs, rms)
