@@ -3,7 +3,7 @@
 # Usage: scripts/gpu_batch.sh OUT_DIR [STEP…]
 #   steps: probe bench1 bench1c bench2 bench2c bench704 bench704c mem served servee servee-shared compare abeng
 #          report gate bench4 serve4d serve4e report4 gputests h4 dit det colocate replay mps-on mps-off
-#          fa3tests arms replayfa3 benchcand
+#          fa3tests arms replayfa3 benchcand omni interactive
 # Environment: MODE (serve/bench mode), TAG (suffix of a repeated serve), SESSIONS, VARIANTS (dit),
 #   GATE_A / GATE_B / GATE_EXACT (gate between two run directories of this scratch folder),
 #   CAND / ROUNDS / LAYERS (compare: the candidate, rounds, DiT depth), LAUNCHES / PAIRS / CHUNKS (abeng),
@@ -31,6 +31,21 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" > "$SCRATCH/versions.txt" 2>&1
 step() { local name=$1; shift; echo "=== $name: $*"; local t0=$SECONDS; timeout "${STEP_TIMEOUT:-420}" "$@" > "$SCRATCH/$name.log" 2>&1; echo "rc=$? ${name} $((SECONDS-t0))s" | tee -a "$SCRATCH/steps.txt"; tail -n 12 "$SCRATCH/$name.log"; }
 need() { for v in "$@"; do [ -n "${!v:-}" ] || { echo "step $s needs $v: skipped" | tee -a "$SCRATCH/steps.txt"; return 1; }; done; }
+omni_pair() {
+  local srv="$SCRATCH/omni-server-$RES-$M" cli="$SCRATCH/omni-client-$RES-$M" log="$SCRATCH/omni-server-$RES-$M.log" url=""
+  local w=${RES#*x} h=${RES%x*}
+  $H serve --preset lingbot-$RES --device cuda --mode "$M" --listen 127.0.0.1:0 --api vllm-omni --sessions "${SESSIONS:-4}" \
+      --out "$srv" --no-progress > "$log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 "${STEP_TIMEOUT:-420}"); do
+    url=$(grep -o 'ws://[^ ]*' "$log" | head -n 1); [ -n "$url" ] && break
+    kill -0 "$pid" 2>/dev/null || break; sleep 1
+  done
+  if [ -z "$url" ]; then echo "rc=1 omni: the server never listened" | tee -a "$SCRATCH/steps.txt"; tail -n 20 "$log"; kill "$pid" 2>/dev/null; return; fi
+  step omni-client-$RES-$M $H client --api vllm-omni --connect "$url" --sessions "${SESSIONS:-4}" --chunks "${CHUNKS:-10}" \
+      --width "$w" --height "$h" --prompt "a road through a forest" --out "$cli"
+  wait "$pid"; echo "rc=$? omni-server-$RES-$M" | tee -a "$SCRATCH/steps.txt"; tail -n 12 "$log"
+}
 for s in $STEPS; do
   case $s in
     probe)    step probe python3 -c "import torch, torch._inductor.config as c; print(torch.__version__, {k: getattr(c, k, 'absent') for k in ('emulate_precision_casts', 'keep_addmm_fused_for_half_dtypes', 'deterministic', 'pattern_matcher')})" ;;
@@ -72,8 +87,14 @@ for s in $STEPS; do
                 --repeats 10 --warmup 2 --out "$SCRATCH/replay-fa3" ;;
     benchcand) need CAND && step bench-$RES-sp1-compiled-${CAND//[:+]/_} $H bench-engine --preset lingbot-$RES --device cuda --mode "${MODE:-compiled}" \
                 $(tr '+' '\n' <<< "$CAND" | sed 's/^/--candidate /') --no-vae --kernels --json "$SCRATCH/bench-$RES-sp1-compiled-${CAND//[:+]/_}.json" ;;
+    # production's realtime API both ways: serve --listen --api vllm-omni measured by client --api vllm-omni;
+    # the two run directories' steady interval P50 at delivered, side by side (SESSIONS: the server's, warm-up included)
+    omni)     omni_pair ;;
+    # action-to-photon over Case D, Case E and H5a (one serve --listen each); PLAYER: the trace
+    interactive) step interactive-$RES-$M $H scenario interactive --preset lingbot-$RES --device cuda --mode "$M" \
+                --player "${PLAYER:-random:0}" --chunks "${CHUNKS:-10}" --out "$SCRATCH/interactive-$RES-$M" ;;
     *) echo "unknown step $s" ;;
   esac
 done
-(cd "$SCRATCH" && tar czf "$OUT/results.tgz" --exclude='*.npy' --exclude='*.mkv' --exclude='*.part' --exclude='dispatch*.jsonl' .)
+(cd "$SCRATCH" && tar czf "$OUT/results.tgz" --exclude='*.npy' --exclude='*.mkv' --exclude='*.mp4' --exclude='*.part' --exclude='dispatch*.jsonl' .)
 ls -la "$OUT"
