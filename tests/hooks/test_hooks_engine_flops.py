@@ -84,10 +84,13 @@ def test_tiny_chunk_flops_match_the_model_shapes(device, kv_path):
             for cat, flops in want.items():
                 assert got.get(cat, 0) == flops, (chunk, step, cat)
             assert got.get("attention", 0) == 0 and got.get("vae_conv", 0) == 0
-        # Outside the 5 forwards: only the camera ray directions (pixels × 3×3 rotation per frame).
+        # Outside the 5 forwards: the camera ray directions (pixels × 3×3 rotation per frame) and the
+        # fp32 pose differencing of production's convention, in torch: f + 1 rotations of a 3-vector
+        # (the anchor's and each frame's) and 2f + 1 products of 4×4 poses.
         outside = by_step.get((None,), {})
-        pixels = cfg.video.height * cfg.video.width
-        assert sum(outside.values()) == 2 * cfg.video.frames_per_chunk * pixels * 3 * 3
+        pixels, f = cfg.video.height * cfg.video.width, cfg.video.frames_per_chunk
+        poses = (f + 1) * 2 * 3 * 3 + (2 * f + 1) * 2 * 4**3
+        assert sum(outside.values()) == 2 * f * pixels * 3 * 3 + poses
         assert rec.total_flops == steps * sum(want.values()) + sum(outside.values())
     assert saw_saturation
     eng.end_session(s)

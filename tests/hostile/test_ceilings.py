@@ -48,7 +48,8 @@ def test_every_ceiling_is_inclusive(tiny):
 def test_the_host_memory_check_counts_every_sp_rank(tiny, monkeypatch):
     cpu = _with(_with(tiny, "runtime", "device", "cpu"), "parallel", "sp", 2)
     est = L.estimate_bytes(cpu)
-    need = 2 * est["dit_rank"] + est["ring"]  # two DiT ranks, each with all the weights
+    # two DiT ranks, each with all the weights; every VAE rank, the ring, the encoder and the driver
+    need = 2 * est["dit_rank"] + cpu.parallel.vae_ranks * est["vae_rank"] + est["ring"] + 2 * L.PROCESS_BYTES
     monkeypatch.setattr(L, "_shm_free", lambda: None)
     monkeypatch.setattr(L, "_meminfo_bytes", lambda key: need)
     assert L.check_fits(cpu) == est  # exactly fits
