@@ -312,6 +312,8 @@ class _Viewer:
         elif isinstance(msg, W.Error):
             if msg.fatal:
                 return self.fail("error", msg.message)
+            if rep.started is None:  # the answer to our start: the session was refused, nothing will follow
+                return self.fail("error", f"the server refused the session: {msg.message}")
             rep.errors.append(msg.message)
         elif isinstance(msg, W.Busy):
             return self.fail("busy", msg.message)

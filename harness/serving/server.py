@@ -34,6 +34,7 @@ import hmac
 import ipaddress
 import queue
 import secrets
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -60,6 +61,10 @@ from harness.serving.player import latest_wins
 
 #: input events one player session may send (each is remembered: ids must be unique)
 MAX_INPUTS = 100_000
+
+
+#: how often a connection's receive wakes to look at its idle deadline (and at the end of its session)
+IDLE_POLL_S = 1.0
 
 
 @dataclass
@@ -566,17 +571,26 @@ class StreamServer:
         self._conns.add(conn)
         pump_task = asyncio.create_task(conn.pump())
         try:
+            last = time.monotonic()  # the connection's last message, or the end of its running session
             while True:
-                idle = conn.session is None or self._active is not conn.session  # a session has its own timeouts
-                try:
-                    m = await ws.receive(timeout=self.opts.idle_timeout_s if idle else None)
-                except asyncio.TimeoutError:
+                left = self._idle_left(conn, last)
+                if left is None:
+                    last = time.monotonic()
+                elif left <= 0:
                     conn.post(W.encode(W.Error(message=f"no message for {self.opts.idle_timeout_s:g} s "
                                                        "without a running session; closing")))
                     conn.post(None)
                     await asyncio.wait_for(conn.drained.wait(), 5.0)
                     await ws.close(code=1001, message=b"idle timeout")
                     break
+                # One deadline around the whole receive: aiohttp restarts its own receive timeout at
+                # every pong it swallows, so a peer that only answers the heartbeat was never idle.
+                try:
+                    m = await asyncio.wait_for(ws.receive(), min(IDLE_POLL_S, left if left is not None else IDLE_POLL_S))
+                except asyncio.TimeoutError:
+                    continue
+                if m.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    last = time.monotonic()
                 if m.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
                     break
                 if m.type == WSMsgType.TEXT:
@@ -605,6 +619,13 @@ class StreamServer:
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 pump_task.cancel()
         return ws
+
+    def _idle_left(self, conn: _Conn, last: float) -> float | None:
+        """Seconds the connection may still stay silent; None while it runs a session (which has its
+        own timeouts). Only messages count: pongs to the server's heartbeat do not."""
+        if conn.session is not None and self._active is conn.session:
+            return None
+        return self.opts.idle_timeout_s - (time.monotonic() - last)
 
     def _reject(self, conn: _Conn, message: str) -> None:
         conn.errors += 1
@@ -702,6 +723,7 @@ def listen_setup(args, runtime: dict | None = None) -> tuple:
         raise HarnessError(f"--listen streams each chunk to its client; --sink {args.sink} cannot be used with it")
     cfg = override(cfg, runtime={"sink": "stream", **(runtime or {})})
     host, port = parse_listen(args.listen, allow_remote=args.allow_remote)
+    check_port_free(host, port)
     if args.window is not None and not 1 <= args.window <= 256:
         raise HarnessError(f"--window must be in 1-256 chunks, got {args.window}")
     lo = ListenOptions(host=host, port=port, max_sessions=args.sessions, window=args.window or ListenOptions.window,
@@ -721,6 +743,20 @@ def listen_run(args, cfg, server: "StreamServer", protocol: dict) -> int:
     print(f"  sessions served: {len(res.sessions)} ({sum(r.cancelled for r in res.sessions)} cancelled); "
           "media: with the client (python -m harness client --out DIR), not in media/")
     return 0
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Refuse a port another process listens on now, before any rank starts (the bind itself
+    comes only after the warm-up, minutes later on a GPU). Port 0 asks for any free port."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise HarnessError(f"--listen {host}:{port}: cannot listen there: {e.strerror or e}") from None
 
 
 def parse_fault(text: str) -> tuple[str, str]:
