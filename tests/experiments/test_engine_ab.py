@@ -22,8 +22,11 @@ def test_h2a_over_two_sp_ranks_passes_its_exact_gate(tmp_path):
     assert [len(s) for launch in res["chunk_ms"] for s in launch["A"] + launch["B"]] == [7] * 8
     r = res["ratio"]
     assert r["level"] == "launch" and r["paired"] and (r["n_a"], r["n_b"]) == (2, 2) and r["df"] == 1
-    assert r["low"] <= r["value"] <= r["high"] and res["mde"] > 0
-    assert res["verdict"] in ("faster", "slower", "equivalent", "no resolvable difference")
+    if r["low"] is None:  # two launches far apart on a loaded box (t = 12.7 at 1 df): too wide to state
+        assert r["high"] is None and res["verdict"] == "no verdict" and res["reason"].startswith("interval wider than")
+    else:
+        assert r["low"] <= r["value"] <= r["high"] and res["mde"] > 0
+        assert res["verdict"] in ("faster", "slower", "equivalent", "no resolvable difference")
 
 
 def test_h1a_switches_the_kv_path_and_passes_the_threshold_gate(tmp_path):
