@@ -257,15 +257,7 @@ class OmniServer(StreamServer):
             if sess is not None:
                 await self._control(conn, sess)
         finally:
-            conn.open = False
-            if conn.session is not None:
-                conn.session.cancel("client disconnected")
-            conn.post(None)
-            self._conns.discard(conn)
-            try:
-                await asyncio.wait_for(pump_task, 5.0)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
-                pump_task.cancel()
+            await self._drop(conn, pump_task)
             await ws.close()
         return ws
 

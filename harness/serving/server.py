@@ -609,16 +609,21 @@ class StreamServer:
                     await ws.close(code=1008, message=b"client does not read its messages")
                     break
         finally:
-            conn.open = False
-            if conn.session is not None:
-                conn.session.cancel("client disconnected")
-            conn.post(None)
-            self._conns.discard(conn)
-            try:
-                await asyncio.wait_for(pump_task, 5.0)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
-                pump_task.cancel()
+            await self._drop(conn, pump_task)
         return ws
+
+    async def _drop(self, conn: _Conn, pump_task: asyncio.Task) -> None:
+        """A connection is over (closed, timed out or refused): its session is cancelled, its pump
+        drained (bounded), its slot freed."""
+        conn.open = False
+        if conn.session is not None:
+            conn.session.cancel("client disconnected")
+        conn.post(None)
+        self._conns.discard(conn)
+        try:
+            await asyncio.wait_for(pump_task, 5.0)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            pump_task.cancel()
 
     def _idle_left(self, conn: _Conn, last: float) -> float | None:
         """Seconds the connection may still stay silent; None while it runs a session (which has its
