@@ -6,7 +6,9 @@ width strip with the session's causal cache (per strip) and rank 0 gathers the s
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -52,6 +54,9 @@ class VaeEngine:
                                device=self.device, dtype=self.dtype)
         self._encoder: WanVAE | None = None  # built on first encode_image
         self._eager_width = self.width
+        #: TF32 for this engine's decodes: None leaves the process's setting, False turns it off
+        #: around every decode (H3b:tf32-off), True turns it on.
+        self.decode_tf32: bool | None = None
 
     # -- compiled decoder (H3a) -------------------------------------------------------------------
     def compile_decoder(self, **options) -> None:
@@ -78,10 +83,34 @@ class VaeEngine:
     def decoder_params(self) -> int:
         return parameter_count(self.model)
 
+    # -- decode precision (H3b) --------------------------------------------------------------------
+    def decode_in(self, dtype: torch.dtype, *, tf32: bool | None = None) -> Callable[[], None]:
+        """Decode in ``dtype`` (and with TF32 ``tf32``, None: as the process has it) from the next
+        session on; returns the revert. The decoder is cast in place (a compiled step, H3a,
+        recompiles for the new dtype) after its weights are copied to the host, and the revert
+        loads that copy back, so the original decode returns bit for bit. A session already open
+        keeps caches of the old dtype: switch between sessions only."""
+        model, old_dtype, old_tf32 = self.model, self.dtype, self.decode_tf32
+        # parameters and buffers alike: the latent statistics are buffers outside the state dict
+        saved = {k: v.detach().to("cpu", copy=True) for k, v in _tensors(model)} if dtype != old_dtype else None
+        if saved is not None:
+            model.to(dtype=dtype)
+        self.dtype, self.decode_tf32 = dtype, tf32
+
+        def revert() -> None:
+            if saved is not None:
+                model.to(dtype=old_dtype)
+                for k, v in _tensors(model):
+                    v.copy_(saved[k])
+            self.dtype, self.decode_tf32 = old_dtype, old_tf32
+
+        return revert
+
     @property
     def conv_tf32(self) -> bool:
         """Whether cuDNN may run this engine's convolutions in TF32 (for the run manifest)."""
-        return self.device.type == "cuda" and self.dtype == torch.float32 and torch.backends.cudnn.allow_tf32
+        allowed = torch.backends.cudnn.allow_tf32 if self.decode_tf32 is None else self.decode_tf32
+        return self.device.type == "cuda" and self.dtype == torch.float32 and allowed
 
     # -- sessions ---------------------------------------------------------------------------------
     def start_session(self) -> VaeSession:
@@ -102,7 +131,7 @@ class VaeEngine:
             )
         strip = self.width.strip(latent) if self.group.active else latent
         strip = strip.to(device=self.device, dtype=self.dtype)[None]
-        with torch.inference_mode():
+        with torch.inference_mode(), _tf32(self.decode_tf32):
             pixels = self.model.decode(strip, session.cache, self.width)[0]
             out = self.width.gather_to_root(pixels) if self.group.active else pixels
         session.chunks += 1
@@ -129,6 +158,26 @@ class VaeEngine:
     @staticmethod
     def frames_for(latent_frames: int, first: bool) -> int:
         return 1 + VAE_TEMPORAL * (latent_frames - 1) if first else VAE_TEMPORAL * latent_frames
+
+
+def _tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    yield from model.named_parameters()
+    yield from model.named_buffers()
+
+
+@contextlib.contextmanager
+def _tf32(allowed: bool | None) -> Iterator[None]:
+    """cuDNN's and cuBLAS's TF32 switches set to ``allowed`` for one decode, then put back (they
+    are process-wide: a DiT in the same process must not see them changed)."""
+    if allowed is None:
+        yield
+        return
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
 
 
 class _Untraced(WidthOps):

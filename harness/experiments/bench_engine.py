@@ -198,11 +198,12 @@ def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, sessions: int =
     return out
 
 
-def _vae_rank(group: RankGroup, cfg: HarnessConfig, chunks: int) -> dict:
+def _vae_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, candidates: tuple[str, ...] = ()) -> dict:
     device = _device_for(cfg, group.rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     eng = VaeEngine(cfg, group=group, device=device, seed=cfg.runtime.seed)
+    C.EnginePatches(candidates).apply(vae=eng)  # the VAE candidates (H3a, H3b); DiT ones patch nothing here
     s = eng.start_session()
     gen = torch.Generator().manual_seed(0)
     shape = (16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)
@@ -215,7 +216,7 @@ def _vae_rank(group: RankGroup, cfg: HarnessConfig, chunks: int) -> dict:
         _sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
     eng.end_session(s)
-    out = {"decode_ms": times}
+    out = {"decode_ms": times, "dtype": str(eng.dtype).removeprefix("torch."), "tf32": eng.conv_tf32}
     if device.type == "cuda":
         out["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     return out
@@ -268,10 +269,11 @@ def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float 
          dit_chunk_ms=dit["chunk_ms"], dit_kv_tokens=dit["kv_tokens"], dit_steady_chunk_ms=dit_ms,
          dit_forward_ms=dit_ms / (len(cfg.schedule.timesteps) + 1), dit_kernels=dit.get("kernels"),
          peak_mem_gib={"dit": dit.get("peak_mem_gib"), "vae": None})
-    vres = (run_ranks(_vae_rank, cfg.parallel.vae_ranks, cfg, min(chunks, 4), backend=backend, timeout_s=3600)[0]
-            if vae else None)
+    vres = (run_ranks(_vae_rank, cfg.parallel.vae_ranks, cfg, min(chunks, 4), tuple(candidates), backend=backend,
+                      timeout_s=3600)[0] if vae else None)
     vae_ms = statistics.median(vres["decode_ms"][1:] or vres["decode_ms"]) if vres else None
     done("vae", vae_decode_ms=vres["decode_ms"] if vres else None, vae_steady_decode_ms=vae_ms,
+         vae_decode_dtype=vres["dtype"] if vres else None, vae_conv_tf32=vres["tf32"] if vres else None,
          peak_mem_gib={"dit": dit.get("peak_mem_gib"), "vae": vres.get("peak_mem_gib") if vres else None})
     flops = count_steady_flops(cfg)
     done("flops", flops=flops, dit_tflops_per_s=flops["dit_flops"] / (dit_ms / 1e3) / 1e12,
@@ -337,11 +339,13 @@ def main(args) -> int:
                    runtime={"device": args.device, "mode": args.mode})
     specs = tuple(args.candidate)
     for c, _ in C.resolve(specs, cfg):  # unknown, conflicting or unavailable: refused here too
-        # only DiT patches are applied (_dit_rank): anything else would be named in the result
-        # without having changed what was measured
-        if c.patch_vae or c.patch_output or c.changes != "engine":
-            what = "the VAE" if c.patch_vae else "the output path" if c.patch_output else f"the {c.changes}"
+        # only engine patches are applied (DiT ones in _dit_rank, VAE ones in _vae_rank): anything
+        # else would be named in the result without having changed what was measured
+        if c.patch_output or c.changes != "engine":
+            what = "the output path" if c.patch_output else f"the {c.changes}"
             raise HarnessError(f"bench-engine --candidate {c.id}: it changes {what}, which bench-engine does not apply; use compare")
+        if c.patch_vae and args.no_vae:
+            raise HarnessError(f"bench-engine --candidate {c.id} changes the VAE decode, which --no-vae does not run")
     cfg = C.configure(specs, cfg)
     for name in ("chunks", "sessions"):
         if getattr(args, name) is not None and getattr(args, name) < 1:

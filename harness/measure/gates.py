@@ -230,9 +230,20 @@ def to_unit_range(pixels: np.ndarray) -> np.ndarray:
 
 def pixel_metrics(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
     """RMSE and max|Δ| of uint8 pixels mapped to [−1, 1]."""
+    return frame_metrics(to_unit_range(a), to_unit_range(b))
+
+
+def psnr_db(rmse: float, peak_to_peak: float = 2.0) -> float | None:
+    """PSNR of frames on the [−1, 1] scale, 20·log10(range / RMSE); None for identical frames.
+    The pixel gate's RMSE ≤ 0.01 is PSNR ≥ 46.0 dB on this scale."""
+    return None if rmse == 0 else 20.0 * math.log10(peak_to_peak / rmse)
+
+
+def frame_metrics(a: np.ndarray, b: np.ndarray) -> dict[str, float]:
+    """RMSE and max|Δ| of frames already on the [−1, 1] scale (float, or uint8 mapped there)."""
     if a.shape != b.shape:
         raise ValueError(f"shape {b.shape} differs from reference {a.shape}")
-    fa, fb = to_unit_range(a), to_unit_range(b)
+    fa, fb = np.asarray(a, np.float64), np.asarray(b, np.float64)
     nonfinite = _nonfinite(fa) + _nonfinite(fb)  # uint8 never is; a float input might be
     if nonfinite:
         return {"nonfinite": float(nonfinite)}

@@ -65,8 +65,8 @@ def test_bench_engine_tiny_on_two_sp_and_two_vae_ranks(tmp_path):
 @pytest.mark.parametrize("bad, why", [(["--set", "model.layers=4"], "no field model.layers"),
                                       (["--set", "model.num_layers=four"], "Expected `int`"),
                                       (["--sessions", "0"], "--sessions must be"),
-                                      # only DiT patches are applied: others would be claimed, not measured
-                                      (["--candidate", "H3a"], "changes the VAE"),
+                                      # only engine patches are applied: others would be claimed, not measured
+                                      (["--candidate", "H3b", "--no-vae"], "which --no-vae does not run"),
                                       (["--candidate", "H5a"], "changes the scheduler"),
                                       (["--set", "runtime.attention=fa3"], "runtime.attention=fa3: FlashAttention-3"),
                                       (["--json", "no-such-folder/b.json"], "its folder does not exist")])
@@ -121,3 +121,16 @@ def test_a_failing_later_step_keeps_what_was_measured(tmp_path, monkeypatch):
     assert res["complete"] is False and res["steps_done"] == ["dit", "vae"]
     assert len(res["dit_chunk_ms"]) == 2 and len(res["vae_decode_ms"]) == 2 and "flops" not in res
     assert not (tmp_path / "b.json.tmp").exists()
+
+
+def test_a_vae_candidate_patches_the_timed_decode():
+    """bench-engine --candidate H3b decodes in bf16 (the timed VAE rank applies the VAE patch and
+    the JSON says which dtype and TF32 setting the decode times are of); without it, fp32."""
+    from harness.engine.groups import RankGroup
+    from harness.experiments.bench_engine import _vae_rank
+
+    cfg = load_preset("tiny")
+    base, bf16 = (_vae_rank(RankGroup.single(), cfg, 2, c) for c in ((), ("H3b",)))
+    assert (base["dtype"], bf16["dtype"]) == ("float32", "bfloat16")
+    assert len(bf16["decode_ms"]) == 2 and min(bf16["decode_ms"]) > 0
+    assert _vae_rank(RankGroup.single(), cfg, 1, ("H3b:tf32-off",))["dtype"] == "float32"
