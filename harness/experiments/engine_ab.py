@@ -19,8 +19,10 @@ the per-launch log ratios B/A (paired: both arms share the launch, so what the l
 both cancels). One launch: no verdict.
 
 Judgement: the candidate's gate first (exact: byte-identical latents of every chunk of every
-pair; threshold: the latent criteria of DESIGN §5), then ``stats.judge_ab``. Anything that
-changes the serving pipeline (VAE, output path, scheduler) is refused: use ``compare``.
+pair; threshold: the latent criteria of DESIGN §5), then ``stats.judge_ab``. A candidate that
+patches the VAE alone (H3a, H3b) is judged on decode sessions instead (``vae_ab``: the pixel gate,
+decode milliseconds). Anything else that changes the serving pipeline (VAE together with the
+DiT, output path, scheduler) is refused: use ``compare``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from harness.drivers.options import base_config
 from harness.engine.groups import RankGroup, run_ranks
 from harness.errors import HarnessError
 from harness.experiments.bench_engine import dit_engine_for, steady_chunk_index, timed_session, warmup_chunks
+from harness.experiments import vae_ab
 from harness.experiments.compare import gate_kind
 from harness.limits import check_chunks_option
 from harness.measure import stats as S
@@ -191,6 +194,8 @@ def judge(launches: list[dict], steady: int, gate_passed: bool) -> dict:
 
 
 def run(cfg: HarnessConfig, specs: list[str], pairs: int, chunks: int, launches: int = DEFAULT_LAUNCHES) -> dict:
+    if vae_ab.vae_only(specs, cfg):
+        return run_vae(cfg, specs, pairs, chunks, launches)
     switches = engine_switches(specs, cfg)  # refuses before anything starts
     steady = steady_chunk_index(cfg)
     if chunks <= steady:
@@ -207,6 +212,25 @@ def run(cfg: HarnessConfig, specs: list[str], pairs: int, chunks: int, launches:
     out.update(judge_gated(kind, [s for r in res for s in r["latents"]["A"]], [s for r in res for s in r["latents"]["B"]],
                            shape, res, steady))
     return out
+
+
+def run_vae(cfg: HarnessConfig, specs: list[str], pairs: int, chunks: int, launches: int) -> dict:
+    """A VAE candidate's A/B (``vae_ab``): decode sessions instead of DiT sessions, the pixel gate
+    instead of the latent one, the same launch-level judgement."""
+    if chunks <= vae_ab.STEADY:
+        raise HarnessError(f"--chunks {chunks}: a decode session needs more than {vae_ab.STEADY} chunk for a steady chunk")
+    kind = gate_kind([c.gate for c, _ in C.resolve(specs, cfg)])
+    res = vae_ab.run_launches(cfg, specs, arm_order(pairs), chunks, launches)
+    out = {"candidate": specs, "stage": "vae", "preset": cfg.name, "mode": cfg.runtime.mode,
+           "sp": cfg.parallel.vae_ranks, "layers": cfg.model.num_layers, "pairs": pairs, "chunks": chunks,
+           "order": " ".join(res[0]["order"]), "steady_from_chunk": vae_ab.STEADY,
+           "chunk_ms": [{"A": r["A"], "B": r["B"]} for r in res]}
+    gate = vae_ab.gate_frames(kind, [s for r in res for s in r["frames"]["A"]], [s for r in res for s in r["frames"]["B"]])
+    if not gate["passed"]:
+        out.update(gate=gate, launches=len(res), verdict="no verdict",
+                   reason=f"{kind} pixel gate failed: {', '.join(gate['failed'][:3])}")
+        return out
+    return {**out, "gate": gate, **judge(res, vae_ab.STEADY, True)}
 
 
 def judge_gated(kind: str, lat_a, lat_b, shape, launches: list[dict], steady: int) -> dict:
@@ -231,10 +255,12 @@ def main(args) -> int:
         raise HarnessError("--device cuda but no CUDA device is visible")
     res = run(cfg, list(args.candidate), args.pairs, args.chunks or cfg.video.chunks_per_session, args.launches)
     g = res["gate"]
-    print(f"ab-engine {'+'.join(res['candidate'])} on {res['preset']} ({res['mode']}, SP={res['sp']}, {res['layers']} layers), "
+    print(f"ab-engine {'+'.join(res['candidate'])} on {res['preset']} ({res['mode']}, {'VAE ranks' if res.get('stage') == 'vae' else 'SP'}={res['sp']}, {res['layers']} layers), "
           f"{res['launches']} launches × {res['pairs']} pairs × {res['chunks']} chunks, order {res['order']}")
     print(f"  gate ({g['kind']}): {'pass' if g['passed'] else 'FAIL'} over {g['compared']} chunk pairs"
-          + (f", worst rel-L2 {g['worst_rel_l2']:.3g}" if "worst_rel_l2" in g else ""))
+          + (f", worst rel-L2 {g['worst_rel_l2']:.3g}" if "worst_rel_l2" in g else "")
+          + (f", pixels: worst RMSE {g['worst_rmse']:.3g} (PSNR {g['min_psnr_db'] or float('inf'):.1f} dB), "
+             f"worst max|Δ| {g['worst_max_abs']:.3g}" if "worst_rmse" in g else ""))
     r = res.get("ratio") or res.get("within_launch")
     if r:
         what = "paired over launches" if res.get("ratio") else "within one launch, no verdict"

@@ -41,9 +41,37 @@ def test_h1a_switches_the_kv_path_and_passes_the_threshold_gate(tmp_path):
     assert res["verdict"] == "no verdict" and res["reason"].startswith("one launch") and res["ratio"] is None
 
 
+def test_a_vae_candidate_is_judged_on_decode_sessions_over_two_vae_ranks(tmp_path):
+    """H3b:fp16 on 2 width-sharded VAE ranks: the pixel gate over every chunk pair (fp16 is within
+    it at the tiny preset) with PSNR and max|Δ|, then the launch-level judgement of decode times."""
+    out = tmp_path / "ab.json"
+    assert main(["ab-engine", "--candidate", "H3b:fp16", "--set", "parallel.vae_ranks=2", "--pairs", "1",
+                 "--chunks", "2", "--launches", "2", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    g = res["gate"]
+    assert res["stage"] == "vae" and res["sp"] == 2 and res["steady_from_chunk"] == 1 and res["launches"] == 2
+    assert g["kind"] == "threshold" and g["passed"] and g["compared"] == 4 and g["failed"] == []
+    assert 0 < g["worst_rmse"] <= 0.01 and g["min_psnr_db"] >= 46 and 0 < g["worst_max_abs"] <= 0.03
+    assert [len(s) for launch in res["chunk_ms"] for s in launch["A"] + launch["B"]] == [2] * 4
+    assert res["ratio"]["level"] == "launch" and res["verdict"]
+
+
+def test_a_vae_candidate_that_fails_the_pixel_gate_gets_no_verdict(tmp_path):
+    """H3b:bf16 at the tiny preset: PSNR above 46 dB but max|Δ| over 0.03 — the gate fails, the
+    command exits 1 and says so, and no timing verdict is given."""
+    out = tmp_path / "ab.json"
+    assert main(["ab-engine", "--candidate", "H3b", "--pairs", "1", "--chunks", "2", "--launches", "1",
+                 "--json", str(out)]) == 1
+    res = json.loads(out.read_text())
+    g = res["gate"]
+    assert not g["passed"] and g["failed"] and g["worst_max_abs"] > 0.03 and g["min_psnr_db"] >= 46
+    assert res["verdict"] == "no verdict" and "pixel gate failed" in res["reason"] and "ratio" not in res
+
+
 @pytest.mark.parametrize("argv, why", [
     (["--candidate", "H5a"], "changes runtime.scheduler, not just the DiT engine: use compare"),
-    (["--candidate", "H3a"], "changes the VAE: use compare"),
+    (["--candidate", "H3b", "--candidate", "H2a"], "changes the VAE: use compare"),
+    (["--candidate", "H3b", "--chunks", "1"], "needs more than 1 chunk"),
     (["--candidate", "H2a", "--chunks", "5"], "need more than 5 chunks"),
     (["--candidate", "H2a", "--pairs", "0"], "--pairs, --launches and --chunks must be"),
     (["--candidate", "H2a", "--launches", "0"], "--pairs, --launches and --chunks must be"),
