@@ -34,6 +34,7 @@ MODULES: dict[str, str] = {
     "H6a": "h6a_fp8_linear",
     "H6b": "h6b_fp8_attention",
     "H6c": "h6c_fp8_both",
+    "H6d": "h6d_kv_fp8",
 }
 
 

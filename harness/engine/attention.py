@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness.engine import fa3
+from harness.engine import fa3, kv_fp8
 from harness.errors import HarnessError
 from harness.hooks import registries
 
@@ -186,6 +186,8 @@ def cross_attention(q: Tensor, k: Tensor, v: Tensor, *, attend: DenseFn) -> Tens
 def _register_fa3() -> None:
     DENSE.update(fa3.DENSE)
     PARTIALS["fa3"] = fa3.fa3_partial
+    # FA3's FP8 numerics emulated on any device (the CPU stand-in of fa3-fp8 and of H6d)
+    DENSE["fp8-emulated"] = kv_fp8.fp8_emulated_dense
 
 
 _register_fa3()

@@ -278,8 +278,7 @@ def attend_cache(attn: SelfAttention, q: Tensor, k: Tensor, v: Tensor, ctx: Forw
         q, k, v = seq_to_heads((q, k, v), ctx.group)
     ctx.cache.write(layer, ctx.kv, k, v)
     with hctx.phase(role="self_attention"):
-        o = ctx.kv_fn(q, ctx.cache.k[layer], ctx.cache.v[layer], ctx.cache.visible(ctx.kv),
-                      attend=ctx.attend, group_blocks=ctx.group_blocks)
+        o = ctx.cache.attend(layer, ctx.kv, q, ctx.kv_fn, attend=ctx.attend, group_blocks=ctx.group_blocks)
     return heads_to_seq(o, ctx.group)
 
 

@@ -224,6 +224,11 @@ class PagedKVCache:
         self.k[layer].index_copy_(0, s.current_ids, k.reshape(shape))
         self.v[layer].index_copy_(0, s.current_ids, v.reshape(shape))
 
+    def attend(self, layer: int, s: SessionKV, q: Tensor, kv_fn, *, attend, group_blocks: int) -> Tensor:
+        """Self-attention of the chunk's queries over the session's visible K/V through a KV path
+        (``attention.KV_PATHS``); an FP8 cache (``kv_fp8``) reads its pools its own way."""
+        return kv_fn(q, self.k[layer], self.v[layer], self.visible(s), attend=attend, group_blocks=group_blocks)
+
     def visible(self, s: SessionKV) -> Tensor | slice:
         """What a KV path reads the session's visible blocks through: a slice of the pool (a view)
         in the window layout, the block table otherwise."""
