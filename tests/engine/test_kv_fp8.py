@@ -17,7 +17,7 @@ from harness.engine.dit_engine import DitEngine
 from harness.engine.groups import RankGroup, run_ranks
 from harness.engine.kv_fp8 import Fp8KVCache, emulated_attention, quantize_with
 from harness.engine.kvcache import PagedKVCache
-from harness.engine.fa3 import quantize_heads
+from harness.errors import HarnessError
 
 GEOMETRY = dict(num_layers=2, local_heads=2, head_dim=8, block_size=4, tokens_per_frame=8, sink_frames=1,
                 window_frames=5, max_sessions=2, device=torch.device("cpu"))
@@ -177,3 +177,14 @@ def test_fp8_kv_sp_ranks_give_sp1s_latents(sp1, sp):
                 assert err <= 1e-4, f"SP={sp} {tag}: chunk {c} relative error {err:.2e}"
                 if bf16_exact:
                     assert r[tag][c].tobytes() == sp1[tag][c].tobytes(), f"SP={sp} {tag}: chunk {c} differs"
+
+
+def test_h6d_is_refused_while_a_session_is_open():
+    eng = DitEngine(load_preset("tiny"), group=RankGroup.single(), device=torch.device("cpu"), seed=3)
+    s = eng.start_session(SessionConditions(prompt="open", seed=1))
+    with pytest.raises(HarnessError, match="no session open"):
+        get("H6d").patch_dit(eng, "emulated")
+    assert type(eng.cache) is PagedKVCache
+    eng.end_session(s)
+    get("H6d").patch_dit(eng, "emulated")()  # applies and reverts once none is open
+    assert type(eng.cache) is PagedKVCache
