@@ -180,7 +180,8 @@ def test_fp8_kv_sp_ranks_give_sp1s_latents(sp1, sp):
 
 
 def test_h6d_is_refused_while_a_session_is_open():
-    eng = DitEngine(load_preset("tiny"), group=RankGroup.single(), device=torch.device("cpu"), seed=3)
+    cfg = override(load_preset("tiny"), parallel={"sp": 1})
+    eng = DitEngine(cfg, group=RankGroup.single(), device=torch.device("cpu"), seed=3)
     s = eng.start_session(SessionConditions(prompt="open", seed=1))
     with pytest.raises(HarnessError, match="no session open"):
         get("H6d").patch_dit(eng, "emulated")
