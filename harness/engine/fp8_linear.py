@@ -31,14 +31,26 @@ def rowwise_quantize(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class Fp8Linear(nn.Module):
-    """y = x Wᵀ + b with x and W in e4m3 (per-token × per-channel scales), y in the layer's dtype."""
+    """y = x Wᵀ + b with x and W in e4m3 (per-token × per-channel scales), y in the layer's dtype.
 
-    def __init__(self, linear: nn.Linear):
+    ``smooth`` (K,), powers of two (``smooth_factors``): SmoothQuant's migration, x·diag(1/s) and
+    diag(s)·W quantised instead of x and W — the same product, exactly, since scaling by a power
+    of two only moves exponents — so an input channel with outliers in x is narrowed before the
+    per-token scale is taken, and its weight column widened, where per-channel weight scales
+    absorb it."""
+
+    def __init__(self, linear: nn.Linear, smooth: Tensor | None = None):
         super().__init__()
         n, k = linear.weight.shape
         if n % 16 or k % 16:
             raise HarnessError(f"FP8 GEMMs need both weight dims divisible by 16, got {n}×{k}")
-        w8, ws = rowwise_quantize(linear.weight.detach())
+        w = linear.weight.detach()
+        if smooth is not None:
+            w = w * smooth.to(w.dtype)
+            self.register_buffer("inv_smooth", (1.0 / smooth).to(w.dtype), persistent=False)
+        else:
+            self.inv_smooth = None
+        w8, ws = rowwise_quantize(w)
         # (N, K) row-major is the column-major (K, N) operand _scaled_mm wants as its second input
         self.register_buffer("w8", w8, persistent=False)
         self.register_buffer("w_scale", ws.t().contiguous(), persistent=False)  # (1, N)
@@ -48,6 +60,8 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
+        if self.inv_smooth is not None:
+            x = x * self.inv_smooth  # exact (powers of two); fuses with the quantisation when compiled
         x8, xs = rowwise_quantize(x.reshape(-1, self.in_features))
         y = torch._scaled_mm(x8, self.w8.t(), scale_a=xs, scale_b=self.w_scale, out_dtype=self.out_dtype)
         if self.bias is not None:
@@ -60,9 +74,11 @@ def _resolve(root: nn.Module, path: str) -> tuple[nn.Module, str]:
     return (root.get_submodule(parent) if parent else root), name
 
 
-def swap_linears(root: nn.Module, paths: list[str], cache: dict[str, Fp8Linear]) -> Callable[[], None]:
+def swap_linears(root: nn.Module, paths: list[str], cache: dict[str, Fp8Linear],
+                 smooth: dict[str, Tensor] | None = None) -> Callable[[], None]:
     """Replace each ``nn.Linear`` at ``paths`` by its ``Fp8Linear`` (quantised once, kept in
-    ``cache`` across swaps); returns the revert."""
+    ``cache`` across swaps; with its ``smooth`` factors where given); returns the revert."""
+    smooth = smooth or {}
     originals = []
     for path in paths:
         parent, name = _resolve(root, path)
@@ -70,7 +86,7 @@ def swap_linears(root: nn.Module, paths: list[str], cache: dict[str, Fp8Linear])
         if not isinstance(lin, nn.Linear):
             raise HarnessError(f"{path} is {type(lin).__name__}, not nn.Linear: already swapped?")
         if path not in cache:
-            cache[path] = Fp8Linear(lin)
+            cache[path] = Fp8Linear(lin, smooth.get(path))
         originals.append((parent, name, lin))
         setattr(parent, name, cache[path])
 
@@ -86,8 +102,60 @@ LAYER_SETS = {
     "ffn": ("ffn.0", "ffn.2"),
     # the attention output projections too (the fused QKV GEMM is not a module and stays bf16)
     "ffn+o": ("ffn.0", "ffn.2", "self_attn.o", "cross_attn.q", "cross_attn.o"),
+    # the FFN, but the first and last EDGE_BF16["ffn-mid"] blocks stay bf16
+    "ffn-mid": ("ffn.0", "ffn.2"),
+    # ffn+o with SmoothQuant-smoothed attention projections (SMOOTHED)
+    "ffn+attn-smooth": ("ffn.0", "ffn.2", "self_attn.o", "cross_attn.q", "cross_attn.o"),
 }
+#: layer set → blocks kept bf16 at each end of the stack (where the input and output are made)
+EDGE_BF16 = {"ffn-mid": 2}
+#: layer set → the linears (relative to a block) smoothed with factors from a calibration forward
+SMOOTHED = {"ffn+attn-smooth": ("self_attn.o", "cross_attn.q", "cross_attn.o")}
+#: SmoothQuant's migration strength: s_j = amax(x_j)^α / amax(W_:,j)^(1−α)
+SMOOTH_ALPHA = 0.5
 
 
-def block_paths(num_blocks: int, layer_set: str) -> list[str]:
-    return [f"blocks.{i}.{p}" for i in range(num_blocks) for p in LAYER_SETS[layer_set]]
+def block_paths(num_blocks: int, layer_set: str, only: tuple[str, ...] | None = None) -> list[str]:
+    """The linears of ``layer_set`` (or the subset ``only``) over the blocks it covers."""
+    k = EDGE_BF16.get(layer_set, 0)
+    names = [p for p in LAYER_SETS[layer_set] if only is None or p in only]
+    return [f"blocks.{i}.{p}" for i in range(k, num_blocks - k) for p in names]
+
+
+def smooth_factors(x_amax: Tensor, weight: Tensor, alpha: float = SMOOTH_ALPHA) -> Tensor:
+    """Per-input-channel SmoothQuant factors (K,) fp32 from the activation's per-channel amax (K,)
+    and the weight (N, K), rounded to powers of two so that the migration is exact."""
+    w_amax = weight.detach().abs().amax(dim=0).float().clamp_min(MIN_AMAX)
+    s = x_amax.float().clamp_min(MIN_AMAX) ** alpha / w_amax ** (1.0 - alpha)
+    return torch.exp2(torch.round(torch.log2(s)))
+
+
+def input_amax(root: nn.Module, paths: list[str], run: Callable[[], None],
+               reduce: Callable[[Tensor], None] | None = None) -> dict[str, Tensor]:
+    """Per-input-channel amax (K,) of each linear at ``paths`` over what ``run()`` feeds them (a
+    calibration forward); ``reduce`` combines them across ranks in place (SP: every rank must
+    smooth alike)."""
+    amax: dict[str, Tensor] = {}
+
+    def hook(path: str):
+        def record(_module, args) -> None:
+            a = args[0].detach().abs().reshape(-1, args[0].shape[-1]).amax(dim=0).float()
+            amax[path] = a if path not in amax else torch.maximum(amax[path], a)
+        return record
+
+    handles = [root.get_submodule(p).register_forward_pre_hook(hook(p)) for p in paths]
+    try:
+        run()
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [p for p in paths if p not in amax]
+    if missing:
+        raise HarnessError(f"calibration forward never reached {missing[0]} (and {len(missing) - 1} more)")
+    # clones: a forward under inference_mode records inference tensors, which no later in-place
+    # op (the reduction) may touch
+    amax = {p: a.clone() for p, a in amax.items()}
+    for a in amax.values():
+        if reduce is not None:
+            reduce(a)
+    return amax

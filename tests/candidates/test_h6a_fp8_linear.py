@@ -88,3 +88,89 @@ def test_h6a_patch_swaps_ffn_quantises_once_and_reverts():
     assert isinstance(eng.model.blocks[1].cross_attn.o, Fp8Linear)
     revert()
     assert isinstance(eng.model.blocks[1].cross_attn.o, nn.Linear)
+
+
+# ---- the layer sets of H6a's later arguments: ffn-mid, ffn+attn-smooth -----------------------------
+def _outlier_input(k=128, seed=1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(64, k, generator=g)
+    x[:, [7, 40]] *= 60.0  # two outlier input channels, in every token (the SmoothQuant pattern)
+    return x
+
+
+def test_smoothing_identity_is_exact_in_fp32():
+    from harness.engine.fp8_linear import smooth_factors
+
+    lin, x = _linear(), _outlier_input()
+    s = smooth_factors(x.abs().amax(dim=0), lin.weight)
+    assert s.shape == (128,) and torch.equal(s, torch.exp2(torch.log2(s).round()))  # powers of two
+    assert float(s[7]) > 4 and float(s[40]) > 4  # the outlier channels are narrowed
+    # scaling by powers of two moves exponents only: the same fp32 products, summed alike
+    assert torch.equal((x * (1.0 / s)) @ (lin.weight * s).t(), x @ lin.weight.t())
+
+
+def test_smoothed_fp8_linear_scale_shapes_and_error():
+    from harness.engine.fp8_linear import smooth_factors
+
+    # e4m3 is floating point: outliers cost precision only once they push the ordinary values of
+    # a token below its normal range (2¹⁵ under the amax) — here channels ×1e6 whose weight
+    # columns are ×1e-6, so both sides of the product matter (the case smoothing is for)
+    lin, x = _linear(), _outlier_input()
+    x[:, [7, 40]] *= 1e6 / 60.0
+    with torch.no_grad():
+        lin.weight[:, [7, 40]] *= 1e-6
+    s = smooth_factors(x.abs().amax(dim=0), lin.weight)
+    plain, smoothed = Fp8Linear(lin), Fp8Linear(lin, s)
+    assert smoothed.w8.shape == (96, 128) and smoothed.w8.dtype == torch.float8_e4m3fn
+    assert smoothed.w_scale.shape == (1, 96) and smoothed.inv_smooth.shape == (128,) and plain.inv_smooth is None
+    assert rowwise_quantize(x)[1].shape == (64, 1)  # per token (row) of the activation
+    ref = F.linear(x.double(), lin.weight.double(), lin.bias.double())
+    err = {name: float((m(x).double() - ref).norm() / ref.norm()) for name, m in (("plain", plain), ("smooth", smoothed))}
+    # unsmoothed, the outliers set every token's scale and the ordinary values go subnormal;
+    # smoothed, both operands stay in e4m3's normal range
+    assert err["smooth"] < 0.5 * err["plain"] and err["smooth"] < 0.06, err
+
+
+def test_ffn_mid_keeps_the_first_and_last_blocks_bf16():
+    from harness.engine.fp8_linear import EDGE_BF16
+
+    paths = block_paths(8, "ffn-mid")
+    assert EDGE_BF16["ffn-mid"] == 2 and {p.split(".")[1] for p in paths} == {"2", "3", "4", "5"}
+    assert len(paths) == 4 * 2 and block_paths(8, "ffn") == block_paths(8, "ffn")[:16]
+
+
+def test_input_amax_records_each_linear_and_reduces():
+    from harness.engine.fp8_linear import input_amax
+
+    root = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16)).requires_grad_(False)
+    x = torch.randn(5, 16)
+    reduced = []
+    amax = input_amax(root, ["0", "2"], lambda: (root(x), root(2 * x)), reduce=reduced.append)
+    assert torch.equal(amax["0"], (2 * x).abs().amax(dim=0))
+    hidden = torch.cat([torch.relu(root[0](x)), torch.relu(root[0](2 * x))])
+    assert torch.equal(amax["2"], hidden.abs().amax(dim=0))
+    assert len(reduced) == 2
+    with pytest.raises(HarnessError, match="never reached 2"):
+        input_amax(root, ["0", "2"], lambda: root[0](x))
+
+
+def test_h6a_smoothed_and_mid_sets_patch_calibrate_once_and_revert():
+    eng = DitEngine(override(load_preset("tiny"), parallel={"sp": 1}), group=RankGroup.single(), device=torch.device("cpu"), seed=1)
+    n = len(eng.model.blocks)
+    base = _latents(eng)
+    cand = get("H6a")
+    revert = cand.patch_dit(eng, "ffn-mid")
+    assert isinstance(eng.model.blocks[0].ffn[0], nn.Linear) and isinstance(eng.model.blocks[n - 1].ffn[2], nn.Linear)
+    if n > 4:
+        assert isinstance(eng.model.blocks[2].ffn[0], Fp8Linear)
+    revert()
+    revert = cand.patch_dit(eng, "ffn+attn-smooth")
+    o = eng.model.blocks[0].self_attn.o
+    assert isinstance(o, Fp8Linear) and o.inv_smooth is not None and isinstance(eng.model.blocks[0].ffn[0], Fp8Linear)
+    assert eng.model.blocks[0].ffn[0].inv_smooth is None
+    assert eng.kv_stats()["blocks_used"] == 0  # the calibration session is gone
+    revert()
+    assert isinstance(eng.model.blocks[0].self_attn.o, nn.Linear)
+    assert all(torch.equal(a, b) for a, b in zip(_latents(eng), base))
+    cand.patch_dit(eng, "ffn+attn-smooth")()  # cached: no second calibration, the same modules
+    assert eng._fp8_linears[f"smooth:ffn+attn-smooth"]["blocks.0.self_attn.o"] is o
