@@ -21,6 +21,7 @@ from harness import candidates as C
 from harness.config import HarnessConfig
 from harness.engine.groups import RankGroup, run_ranks
 from harness.engine.vae_engine import VaeEngine
+from harness.experiments.bench_engine import _device_for, _sync
 from harness.measure.gates import frame_metrics, pixel_passes, psnr_db
 
 #: chunk index from which a decode session is steady (chunk 0 is the session's eager first frame)
@@ -41,12 +42,10 @@ def _session(eng: VaeEngine, device: torch.device, seed: int, chunks: int) -> tu
     times, frames = [], []
     for _ in range(chunks):
         lat = torch.randn(shape, generator=g).to(device)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        _sync(device)
         t0 = time.perf_counter()
         out = eng.decode_chunk(s, lat)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        _sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
         if out is not None:
             frames.append(out.cpu().numpy())
@@ -55,10 +54,7 @@ def _session(eng: VaeEngine, device: torch.device, seed: int, chunks: int) -> tu
 
 
 def _rank(group: RankGroup, cfg: HarnessConfig, specs: list[str], order: list[str], chunks: int) -> dict:
-    device = torch.device(f"cuda:{group.rank % torch.cuda.device_count()}") if cfg.runtime.device == "cuda" \
-        else torch.device("cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    device = _device_for(cfg, group.rank)
     eng = VaeEngine(cfg, group=group, device=device, seed=cfg.runtime.seed)
 
     def session(arm: str, seed: int) -> tuple[list[float], list[np.ndarray]]:
