@@ -44,6 +44,8 @@ class VaeEngine:
         self.group = group
         self.device = torch.device(device)
         self.dtype = getattr(torch, cfg.runtime.vae_dtype)
+        #: the image encoder's dtype: the config's, whatever ``decode_in`` does to the decode (H3b)
+        self.encode_dtype = self.dtype
         self.seed = seed
         self.weights_dir = weights_dir
         self.latent_h, self.latent_w = cfg.video.latent_h, cfg.video.latent_w
@@ -152,8 +154,8 @@ class VaeEngine:
             raise HarnessError(f"image {img.shape[0]}x{img.shape[1]} is not a multiple of {VAE_SPATIAL}")
         if self._encoder is None:
             self._encoder = build_vae(self.cfg.vae, encoder=True, decoder=False, seed=self.seed,
-                                      weights=self.weights_dir, device=self.device, dtype=self.dtype)
-        return encode_image(self._encoder, img, self.device, self.dtype)
+                                      weights=self.weights_dir, device=self.device, dtype=self.encode_dtype)
+        return encode_image(self._encoder, img, self.device, self.encode_dtype)
 
     @staticmethod
     def frames_for(latent_frames: int, first: bool) -> int:

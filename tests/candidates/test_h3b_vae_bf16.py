@@ -95,3 +95,16 @@ def test_the_gate_fails_an_fp16_decode_that_overflows(runs):
         with torch.no_grad():
             w.copy_(saved)
     assert any(pixel_passes(m) for m in _metrics(ref, bad))
+
+
+def test_the_image_encoder_keeps_the_configured_dtype(runs):
+    """H3b changes the decode only: an image encoded while it is applied is the fp32 encoding."""
+    eng = runs["eng"]
+    img = torch.randint(0, 256, (eng.latent_h * 8, eng.latent_w * 8, 3), dtype=torch.uint8,
+                        generator=torch.Generator().manual_seed(4))
+    ref = eng.encode_image(img)
+    revert = get("H3b").patch_vae(eng, "bf16")
+    try:
+        assert eng.dtype == torch.bfloat16 and torch.equal(eng.encode_image(img), ref)
+    finally:
+        revert()
