@@ -110,7 +110,7 @@ def _scenario(p: argparse.ArgumentParser) -> None:
 
 
 def _gpu_checks(p: argparse.ArgumentParser) -> None:
-    p.add_argument("check", choices=["output", "vae", "vae-layout", "dit", "determinism", "colocate", "dit-run"])
+    p.add_argument("check", choices=["output", "vae", "vae-layout", "condition", "dit", "determinism", "colocate", "dit-run"])
     p.add_argument("--json", help="also write the report here")
     p.add_argument("--chunks", type=int)
     p.add_argument("--compile-mode", help="inductor mode for the compiled DiT/VAE (default: the engine's)")

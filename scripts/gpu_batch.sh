@@ -3,7 +3,7 @@
 # Usage: scripts/gpu_batch.sh OUT_DIR [STEP…]
 #   steps: probe bench1 bench1c bench2 bench2c bench704 bench704c mem served servee servee-shared compare abeng
 #          report gate bench4 serve4d serve4e report4 gputests h4 dit det colocate replay mps-on mps-off
-#          fa3tests arms replayfa3 benchcand omni interactive vaelayout
+#          fa3tests arms replayfa3 benchcand omni interactive vaelayout condition
 # Environment: MODE (serve/bench mode), TAG (suffix of a repeated serve), SESSIONS, VARIANTS (dit),
 #   GATE_A / GATE_B / GATE_EXACT (gate between two run directories of this scratch folder),
 #   CAND / ROUNDS / LAYERS (compare: the candidate, rounds, DiT depth), LAUNCHES / PAIRS / CHUNKS (abeng),
@@ -68,6 +68,7 @@ for s in $STEPS; do
     report)   step report $H report $(ls -d "$SCRATCH"/serve-*/ 2>/dev/null) --out "$SCRATCH/report" ;;
     gate)     need GATE_A GATE_B && step "gate-$GATE_A-vs-$GATE_B" $H gate "$SCRATCH/$GATE_A" "$SCRATCH/$GATE_B" ${GATE_EXACT:+--exact} --json "$SCRATCH/gate-$GATE_A-vs-$GATE_B.json" ;;
     gputests) step gpu-tests python3 -m pytest -q -p no:cacheprovider tests/candidates/test_h4a_fused_output.py tests/candidates/test_h4b_pinned_d2h.py tests/hooks/test_hooks_cuda.py tests/engine/test_dit_cuda_nosync.py ;;
+    condition) step condition python3 -m harness gpu-checks condition --json "$SCRATCH/condition.json" ;;
     vaelayout) step vae-layout python3 -m harness gpu-checks vae-layout --json "$SCRATCH/vae-layout.json" ;;
     h4)       step h4-output python3 -m harness gpu-checks output --json "$SCRATCH/h4-output.json" ;;
     dit)      step dit-compiled python3 -m harness gpu-checks dit --variants "${VARIANTS:-engine}" --json "$SCRATCH/dit-compiled.json" ;;

@@ -33,6 +33,7 @@ import torch
 from harness.config import load_preset, override
 from harness.engine.convert import to_uint8
 from harness.engine.groups import RankGroup
+from harness.engine.image import conditioning_image
 from harness.engine.vae_engine import VaeEngine
 from harness.experiments.bench_engine import count_steady_flops, measure_peak_tflops
 from harness.measure.gates import pixel_metrics, pixel_passes
@@ -132,3 +133,20 @@ def check_vae_layout(chunks: int = 6, variants: tuple[str, ...] = tuple(VARIANTS
     for row in out["variants"].values():
         row["ratio"] = round(row["steady_ms"] / base, 3)
     return out
+
+
+def check_condition(chunks: int = 12, *, preset: str = PRESET, device: str = "cuda") -> dict:
+    """The image condition's encoder passes in the DiT stage (engine/image.py): each chunk's encode
+    time until the fixed point, and the chunk it was found at (None: not within ``chunks``)."""
+    dev = torch.device(device)
+    cfg = load_preset(preset)
+    cond = conditioning_image(cfg, 1, dev)
+    times = []
+    for k in range(chunks):
+        _sync(dev)
+        t0 = time.perf_counter()
+        cond.latents(k)
+        _sync(dev)
+        times.append(round((time.perf_counter() - t0) * 1e3, 1))
+    return {"preset": preset, "chunks": chunks, "chunk_ms": times, "fixed_at": cond.fixed_at,
+            "encoded_chunks": cond.encoded_chunks}
