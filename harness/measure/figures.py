@@ -193,6 +193,16 @@ _TABLE: tuple[Figure, ...] = (
            formula="DiT FLOPs of a steady chunk (bench-engine --json) ÷ GPU-event DiT P50 ÷ (bf16 dense peak × SP ranks)"),
     Figure(name="vae_mfu", label="VAE decode MFU (TF32 dense)", unit="%", where="production.mfu",
            formula="VAE conv FLOPs of a chunk (bench-engine --json) ÷ GPU-event decode P50 ÷ (TF32 dense peak × VAE ranks)"),
+    # ---- GPU telemetry (--telemetry HZ: NVML samples, measure.telemetry) ----------------------
+    Figure(name="energy_per_frame", label="energy J/frame", keys=("energy_per_frame_j",), unit="J/frame",
+           where="telemetry.summarize",
+           formula="Σ over steady intervals (cpu_ready(i−1), cpu_ready(i)] and GPUs of ∫ power dt (trapezoid through the "
+                   "NVML readings, interpolated at the interval's ends) ÷ Σ frames of those intervals; an interval the "
+                   "readings do not cover is left out (intervals_uncovered)"),
+    Figure(name="power_mean", label="GPU power mean W", keys=("power_mean_w",), unit="W", where="telemetry.summarize",
+           formula="the same energy ÷ Σ time of the same steady intervals: the mean power of all the run's GPUs together"),
+    Figure(name="telemetry_gpus", label="GPUs sampled", keys=("gpus",), unit="GPUs", where="telemetry.by_gpu",
+           formula="distinct GPUs (NVML UUID) the samples came from; a GPU sampled by two processes is one series"),
     # ---- action-to-photon (a player session: client --player, scenario interactive; DESIGN §4) ---
     Figure(name="arm", label="arm", unit="—", where="interaction.A2PSummary",
            formula="the server configuration the player session ran against (scheduler, candidate)"),
@@ -259,6 +269,9 @@ _FLAGS: tuple[tuple[str, str], ...] = (
     ("has_cancelled", "some sessions were cancelled: counted, but they give no sample"),
     ("order_violations", "some chunk's boundaries are out of order or recorded twice: the table contradicts itself (invalid)"),
     ("no_session_starts", "no session start was recorded: TTFC and rollout figures are absent"),
+    ("clocks_throttled", "--telemetry: NVML reported a clock-lowering reason (measure.telemetry.THROTTLING: power cap, "
+                         "thermal or hardware slowdown) on a GPU sample inside a steady interval; the reasons and their "
+                         "sample counts are summary.json's telemetry.throttle_reasons"),
     ("stalled", "a stage owing the driver a reply made no progress for runtime.stall_report_s (plus "
                 "runtime.compile_allowance_s on a compiled warm-up's first chunks); the stalls are listed in summary.json"),
 )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from harness.measure import figures as F
 from harness.measure.setting import flag_lines, run_setting
+from harness.measure.telemetry import telemetry_line
 
 #: the boundaries the headline has a row for, in data-flow order
 HEADLINE_BOUNDARIES = ("cpu_ready", "encoded", "delivered")
@@ -57,6 +58,8 @@ def headline(summary: dict, scheduler: str | None = None, mode: str | None = Non
     if h.get("p50_ms") is not None:
         out.append(f"  {F.label('handoff_p50', scheduler)}: {h['p50_ms']:.2f}")
     out += compile_lines(summary, mode)
+    tel = telemetry_line(summary.get("telemetry"))
+    out += [f"  {tel}"] if tel else []
     out.append(f"  {F.label('fps_mean')} = Σ frames ÷ Σ intervals; {F.label('fps_median')} = frames ÷ that interval; "
                "percentiles are nearest-rank; every figure is defined in report.md and the README (Figures)")
     if not summary.get("valid", True):

@@ -48,6 +48,7 @@ from harness.measure import tails as T
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, read_run
 from harness.measure.stages import INTERVALS, STAGE_NAMES, STAGES
 from harness.measure.setting import flag_lines, run_setting
+from harness.measure.telemetry import TELEMETRY_FIGURES, telemetry_line
 from harness.measure.summary import FLAG_STALLED, SCHEMA, SUMMARY_FILE, build_summary, dist
 
 PLOT_BOUNDARIES: tuple[str, ...] = ("cpu_ready", "encoded", "delivered")
@@ -536,7 +537,7 @@ LONG_TAIL_FIGURES = ("tail_percentiles", "interval_p95", "culprits", *T.SLOWEST_
 #: Every figure a report can print; a report defines those it printed (``used_figures``).
 REPORT_FIGURES = tuple(dict.fromkeys(BOUNDARY_COLUMNS + HEADLINE_COLUMNS + TTFC_COLUMNS + STAGE_COLUMNS + HANDOFF_COLUMNS
                                      + BLOCKED_COLUMNS + ("p99_is_max",) + WARMUP_FIGURES + LONG_TAIL_FIGURES
-                                     + tuple(F.flag_figure(f) for f in F.FLAG_NAMES)))
+                                     + tuple(F.flag_figure(f) for f in F.FLAG_NAMES) + TELEMETRY_FIGURES))
 
 
 def _md_row(cells: list[str]) -> str:
@@ -558,6 +559,7 @@ def headline_section(view: RunView, label: str) -> list[str]:
         f"{_f(h.get('p50_ms'))} | {_f(h.get('p99_ms'))}{'*' if h.get('p99_is_max') else ''} | "
         f"{_f(h.get('ttfc_p50_ms'))} | {h.get('n', 0)} |",
         "",
+        *([f"- {tel}", ""] if (tel := telemetry_line(s.get("telemetry"))) else []),
         *[f"- {line.strip()}" for line in flag_lines(s.get("flags", []))],
         *([""] if s.get("flags") else []),
     ]
@@ -644,6 +646,8 @@ def used_figures(views: Sequence[RunView], production: bool = False) -> tuple[st
     if any((s.get("long_tail") or {}).get("slowest") for s in sums):
         names += [*T.SLOWEST_COLUMNS, "culprits"]
     names += [F.flag_figure(f) for f in F.FLAG_NAMES if any(f in s.get("flags", []) for s in sums)]
+    if any(s.get("telemetry") for s in sums):
+        names += TELEMETRY_FIGURES
     if production:
         names += [*P.COLUMNS, *P.FIGURE_OF.values()]
     return tuple(dict.fromkeys(names))

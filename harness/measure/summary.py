@@ -29,6 +29,7 @@ from harness.measure import stats as S
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, validate_events
 from harness.measure.stages import STAGES
 from harness.measure.tails import TailSummary
+from harness.measure.telemetry import TelemetrySummary
 
 #: 2: the headline gained fps_median (FPS P50 per interval) beside fps_steady
 #: 3: fps_median is the FPS of the interval-P50 sample; ``warmup`` (the compile figure) added
@@ -48,6 +49,8 @@ FLAG_ORDER = "order_violations"
 FLAG_NO_STARTS = "no_session_starts"
 #: the driver saw a stage stall (``RunSummary.stalls``)
 FLAG_STALLED = "stalled"
+#: NVML reported a clock-lowering reason inside the steady window (``RunSummary.telemetry``)
+FLAG_THROTTLED = "clocks_throttled"
 
 
 class Dist(msgspec.Struct, frozen=True):
@@ -433,6 +436,8 @@ class RunSummary(Summary, kw_only=True, omit_defaults=True):
     long_tail: TailSummary | None = None
     #: the protocol's addition failed: why (the run's own figures are kept)
     summary_extra_error: str | None = None
+    #: --telemetry: energy per frame, mean power, throttling over the steady window (measure.telemetry)
+    telemetry: TelemetrySummary | None = None
 
 
 _RUN_FIELDS = frozenset(RunSummary.__struct_fields__) - frozenset(Summary.__struct_fields__)
@@ -440,11 +445,14 @@ _RUN_FIELDS = frozenset(RunSummary.__struct_fields__) - frozenset(Summary.__stru
 
 def run_summary(summary: Summary, **run: Any) -> RunSummary:
     """``summary`` with how the run went (``RunSummary``'s own fields, checked against their types;
-    a protocol's addition may come as plain JSON); a run with stalls gains the ``stalled`` flag."""
+    a protocol's addition may come as plain JSON); a run with stalls gains the ``stalled`` flag, one
+    whose GPUs throttled inside the steady window ``clocks_throttled``."""
     unknown = set(run) - _RUN_FIELDS
     if unknown:
         raise TypeError(f"summary.json has no field {', '.join(sorted(unknown))}")
-    flags = [*summary.flags, FLAG_STALLED] if run.get("stalls") else summary.flags
+    flags = [*summary.flags, FLAG_STALLED] if run.get("stalls") else list(summary.flags)
+    if (run.get("telemetry") or {}).get("throttled"):
+        flags.append(FLAG_THROTTLED)
     return msgspec.convert({**msgspec.to_builtins(summary), "flags": flags, **run}, RunSummary)
 
 

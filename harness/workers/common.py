@@ -26,6 +26,7 @@ import torch.distributed as dist
 from harness.config import HarnessConfig
 from harness.engine.groups import RankGroup
 from harness.hooks.active import ActiveHooks, activate
+from harness.hooks.telemetry import Sampler, load_nvml, nvml_reader
 from harness.pipeline import messages as M
 
 Role = Literal["dit", "vae", "encoder"]
@@ -182,10 +183,35 @@ def hooks_on(spec: WorkerSpec, label: str):
     are off (the recorder's totals exist only then), however the loop ended."""
     hooks = activate(spec.hooks, out_dir=spec.run_dir, label=label)
     try:
-        with hooks:
+        with hooks, telemetry_on(spec, label):
             yield hooks
     finally:
         write_hook_report(spec, hooks)
+
+
+@contextmanager
+def telemetry_on(spec: WorkerSpec, label: str):
+    """This process's GPU sampled through NVML into ``telemetry.<label>.jsonl`` while the loop runs
+    (``runtime.telemetry_hz``; serve refused it up front where NVML cannot run). A process without
+    a GPU (the encoder) samples nothing."""
+    hz = spec.cfg.runtime.telemetry_hz
+    if not hz or not spec.device.startswith("cuda") or not spec.run_dir:
+        yield None
+        return
+    nvml = load_nvml()
+    device = torch.device(spec.device)
+    uuid = f"GPU-{torch.cuda.get_device_properties(device).uuid}"
+    try:
+        handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+    except nvml.NVMLError:  # a driver that spells UUIDs otherwise: the CUDA index (right without CUDA_VISIBLE_DEVICES)
+        handle = nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+    sampler = Sampler(nvml_reader(nvml, handle, uuid, device.index or 0), Path(spec.run_dir) / f"telemetry.{label}.jsonl", hz)
+    sampler.start()
+    try:
+        yield sampler
+    finally:
+        sampler.stop()
+        nvml.nvmlShutdown()
 
 
 @contextmanager
