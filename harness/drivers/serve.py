@@ -27,7 +27,7 @@ from harness.config import VAE_TEMPORAL, HarnessConfig
 from harness.drivers.driver import Driver, SessionResult
 from harness.drivers.launcher import LocalLauncher, mps_running, shared_gpus, sharing_warning
 from harness.drivers.ray_launcher import RayLauncher
-from harness.drivers.rundir import manifest, new_run_dir, release_reserve, write_json, write_jsonl
+from harness.drivers.rundir import host_load, manifest, new_run_dir, release_reserve, write_json, write_jsonl
 from harness.drivers.runstate import owner_record, reap_dead_rings, release_claim
 from harness.drivers.signals import ending, starting
 from harness.drivers.signals import received as signals_received
@@ -271,15 +271,6 @@ def _record_placement(man: dict, launcher, cfg: HarnessConfig) -> None:
     for note in (sharing_warning(places, cfg.runtime.scheduler, mps), cpu_sharing_note(cfg)):
         if note:
             print(note, file=sys.stderr)
-
-
-def host_load() -> list[float] | None:
-    """The 1-, 5- and 15-minute load averages (None where the platform has none): a busy host
-    slows every stage, so the setting line shows it beside the figures."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 def cpu_sharing_note(cfg: HarnessConfig) -> str | None:
