@@ -193,6 +193,29 @@ _TABLE: tuple[Figure, ...] = (
            formula="DiT FLOPs of a steady chunk (bench-engine --json) ÷ GPU-event DiT P50 ÷ (bf16 dense peak × SP ranks)"),
     Figure(name="vae_mfu", label="VAE decode MFU (TF32 dense)", unit="%", where="production.mfu",
            formula="VAE conv FLOPs of a chunk (bench-engine --json) ÷ GPU-event decode P50 ÷ (TF32 dense peak × VAE ranks)"),
+    # ---- the viewer's session table (client, harness API: serving/client.py) --------------------
+    Figure(name="client_seed", label="seed", unit="—", where="playout.SESSION_COLUMNS",
+           formula="the session's seed (--seed + the session's index in this client run)"),
+    Figure(name="client_outcome", label="outcome", unit="—", where="playout.SESSION_COLUMNS",
+           formula="how the session ended at the client: complete, cancelled, disconnected, error, busy (refused: the "
+                   "server was serving another) or closed"),
+    Figure(name="client_chunks", label="chunks", unit="chunks", where="playout.SESSION_COLUMNS",
+           formula="chunks received / chunks the session asked for"),
+    Figure(name="client_frames", label="frames", unit="frames", where="playout.playout",
+           formula="pixel frames received (and played out) in the session"),
+    Figure(name="client_ttfc", label="TTFC ms", unit="ms", where="playout.session_ttfc_ms",
+           formula="client clock: the first chunk's media read − the start sent (TTFC at the client's receipt, "
+                   "before playout; the server's summary takes TTFC at its own boundaries)"),
+    Figure(name="client_underruns", label="underruns", unit="stalls", where="playout.playout",
+           formula="times the player (started once its prebuffer arrived, then one frame per 1/fps) reached a frame "
+                   "not yet arrived; consecutive late frames are one underrun"),
+    Figure(name="client_stall", label="stall ms", unit="ms", where="playout.playout",
+           formula="Σ time the player waited for late frames"),
+    Figure(name="client_continuous", label="cont.play", unit="%", where="playout.playout",
+           formula="continuous-play ratio: play time ÷ (play time + stall time); 100 % = never stalled"),
+    Figure(name="client_read_fps", label="read fps", unit="frames/s", where="playout.read_fps",
+           formula="frames of chunks 1… ÷ (last chunk's receipt − first chunk's receipt), client clock: the rate the "
+                   "media arrived at (chunk 0 opens the span, so its frames are not counted)"),
     # ---- GPU telemetry (--telemetry HZ: NVML samples, measure.telemetry) ----------------------
     Figure(name="energy_per_frame", label="energy J/frame", keys=("energy_per_frame_j",), unit="J/frame",
            where="telemetry.summarize",
