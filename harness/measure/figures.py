@@ -74,7 +74,7 @@ _TABLE: tuple[Figure, ...] = (
            formula="the shortest steady interval"),
     Figure(name="interval_mean", label="interval mean ms", keys=("mean_ms",), unit="ms", where="summary.dist",
            formula="mean steady interval"),
-    Figure(name="fps_mean", label="FPS (mean interval)", keys=("fps_steady",), unit="frames/s", where="metrics.steady_fps",
+    Figure(name="fps_mean", label="FPS mean", keys=("fps_mean",), unit="frames/s", where="metrics.steady_fps",
            formula="Σ frames ÷ Σ intervals over the steady window = mean frames per chunk ÷ mean interval "
                    "(the rate a viewer sees; not frames ÷ P50)"),
     Figure(name="fps_median", label="FPS at interval P50", keys=("fps_median",), unit="frames/s",

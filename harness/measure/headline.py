@@ -48,7 +48,7 @@ def headline(summary: dict, scheduler: str | None = None, mode: str | None = Non
             continue
         iv = b["intervals"]
         flagged |= iv["p99_is_max"]
-        rows.append([name, f"{b['fps_steady']:.2f}", "—" if b.get("fps_median") is None else f"{b['fps_median']:.2f}",
+        rows.append([name, f"{b['fps_mean']:.2f}", "—" if b.get("fps_median") is None else f"{b['fps_median']:.2f}",
                      f"{iv['p50_ms']:.1f}", f"{iv['p99_ms']:.1f}" + ("*" if iv["p99_is_max"] else ""),
                      _ms(ttfc.get(name)), str(iv["n"])])
     out = F.console_table(HEADLINE_COLUMNS, rows)

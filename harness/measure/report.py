@@ -49,7 +49,7 @@ from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, read_ru
 from harness.measure.stages import INTERVALS, STAGE_NAMES, STAGES
 from harness.measure.setting import flag_lines, run_setting
 from harness.measure.telemetry import TELEMETRY_FIGURES, telemetry_line
-from harness.measure.summary import FLAG_STALLED, SCHEMA, SUMMARY_FILE, build_summary, dist
+from harness.measure.summary import FLAG_STALLED, FLAG_THROTTLED, RULE_SCHEMA, SUMMARY_FILE, build_summary, dist, upgrade_summary
 
 PLOT_BOUNDARIES: tuple[str, ...] = ("cpu_ready", "encoded", "delivered")
 #: Gantt lanes: the process that spends (and times) each segment. Only rank 0 of a DiT or VAE group
@@ -119,8 +119,8 @@ def load_view(run_dir: str | Path) -> RunView:
     events, sessions = read_run(d, tolerate_partial_tail=True)
     manifest = json.loads(read_bounded(d / "manifest.json", MAX_JSON_BYTES, "manifest")) if (d / "manifest.json").is_file() else {}
     if (d / SUMMARY_FILE).is_file():
-        summary = json.loads(read_bounded(d / SUMMARY_FILE, MAX_JSON_BYTES, "summary"))
-        if summary.get("schema", 0) < SCHEMA:  # figures of an older rule (e.g. fps_median): recomputed from events
+        summary = upgrade_summary(json.loads(read_bounded(d / SUMMARY_FILE, MAX_JSON_BYTES, "summary")))
+        if summary.get("schema", 0) < RULE_SCHEMA:  # figures of an older rule (e.g. fps_median): recomputed from events
             figures = build_summary(events, sessions, window=window_of(summary))
             summary = {**summary, **msgspec.to_builtins(figures), "flags": _kept_flags(summary, figures.flags)}
     else:
@@ -132,8 +132,8 @@ def load_view(run_dir: str | Path) -> RunView:
 
 
 def _kept_flags(old: dict, figures_flags: list[str]) -> list[str]:
-    """The recomputed figures' flags and the run's own (``stalled``), which events cannot show."""
-    return sorted(set(figures_flags) | ({FLAG_STALLED} & set(old.get("flags", []))))
+    """The recomputed figures' flags and the run's own (``stalled``, ``clocks_throttled``), which events cannot show."""
+    return sorted(set(figures_flags) | ({FLAG_STALLED, FLAG_THROTTLED} & set(old.get("flags", []))))
 
 
 def unique_labels(views: Sequence[RunView]) -> list[str]:
@@ -555,7 +555,7 @@ def headline_section(view: RunView, label: str) -> list[str]:
     return [
         f"### {label}", "", f"`{view.setting}`" if view.setting else "(no manifest: setting unknown)", "",
         *F.header(HEADLINE_COLUMNS),
-        f"| {h.get('boundary', '?')} | {_f(h.get('fps_steady'), '{:.2f}')} | {_f(h.get('fps_median'), '{:.2f}')} | "
+        f"| {h.get('boundary', '?')} | {_f(h.get('fps_mean'), '{:.2f}')} | {_f(h.get('fps_median'), '{:.2f}')} | "
         f"{_f(h.get('p50_ms'))} | {_f(h.get('p99_ms'))}{'*' if h.get('p99_is_max') else ''} | "
         f"{_f(h.get('ttfc_p50_ms'))} | {h.get('n', 0)} |",
         "",
@@ -598,7 +598,7 @@ def run_section(view: RunView, label: str) -> list[str]:
         iv = bs["intervals"]
         lines.append(f"| {b} | {iv['n']} | {bs['n_sessions']} | {_f(iv['p50_ms'])} | {_ci(bs['p50_ci_ms'])} | "
                      f"{_p99(iv)} | {_ci(bs['p99_ci_ms'])} | {_f(iv['max_ms'])} | "
-                     f"{_f(bs['fps_steady'], '{:.2f}')} | {_f(bs.get('fps_median'), '{:.2f}')} |")
+                     f"{_f(bs['fps_mean'], '{:.2f}')} | {_f(bs.get('fps_median'), '{:.2f}')} |")
     lines += ["", f"{F.label('p99_is_max')} {F.define('p99_is_max').formula}.", "", "Time to first chunk:", "",
               *F.header(TTFC_COLUMNS)]
     for b, d in s.get("ttfc", {}).items():

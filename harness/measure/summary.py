@@ -6,7 +6,7 @@ bumped when it changes.
 
 Every figure here is defined once, with its label and formula, in ``measure.figures`` (the
 keys below are its ``keys``); the report and the console print those labels. In short:
-``fps_steady`` is Σ frames ÷ Σ intervals (frames ÷ the *mean* interval), ``fps_median`` the
+``fps_mean`` is Σ frames ÷ Σ intervals (frames ÷ the *mean* interval), ``fps_median`` the
 frames ÷ interval of the nearest-rank median interval (the same sample as ``p50_ms``),
 percentiles are nearest-rank, ``stages[*].share`` is of the sum of stage means and
 ``share_of_interval`` of the mean steady interval (> 1 in total under Case E); ``warmup`` is the
@@ -33,7 +33,12 @@ from harness.measure.telemetry import TelemetrySummary
 
 #: 2: the headline gained fps_median (FPS P50 per interval) beside fps_steady
 #: 3: fps_median is the FPS of the interval-P50 sample; ``warmup`` (the compile figure) added
-SCHEMA = 3
+#: 4: ``fps_steady`` renamed ``fps_mean``, the name of its figure (``upgrade_summary`` reads the old key)
+SCHEMA = 4
+#: old summary key → the figure's key it was renamed to, in ``boundaries[*]`` and ``headline``
+RENAMED_KEYS = {"fps_steady": "fps_mean"}
+#: the last schema whose figures changed rule: a summary older than it is recomputed from its events
+RULE_SCHEMA = 3
 SUMMARY_FILE = "summary.json"
 DEFAULT_REFERENCE = "cpu_ready"
 MAX_LISTED_VIOLATIONS = 20
@@ -71,7 +76,7 @@ class BoundarySummary(msgspec.Struct, frozen=True):
     skipped_nonpositive: int
     p50_ci_ms: tuple[float, float] | None
     p99_ci_ms: tuple[float, float] | None
-    fps_steady: float | None
+    fps_mean: float | None
     fps_median: float | None
 
 
@@ -137,7 +142,7 @@ class Headline(msgspec.Struct, frozen=True):
     """The reference boundary's figures, for the first line of a report."""
 
     boundary: str
-    fps_steady: float | None
+    fps_mean: float | None
     p50_ms: float | None
     fps_median: float | None = None
     p99_ms: float | None = None
@@ -223,7 +228,7 @@ def boundary_summary(sel: M.Selection, boot: BootstrapDef, block_length: int | N
         skipped_nonpositive=sel.skipped_nonpositive,
         p50_ci_ms=_ci_ms(per_session, 50, boot, block_length),
         p99_ci_ms=_ci_ms(per_session, 99, boot, block_length),
-        fps_steady=M.steady_fps(sel.samples),
+        fps_mean=M.steady_fps(sel.samples),
         fps_median=M.median_interval_fps(sel.samples),
     )
 
@@ -344,7 +349,7 @@ def flags_and_validity(events: Sequence[ChunkEvent], sessions: Sequence[SessionS
 def headline_of(reference: str, ref: BoundarySummary | None, ttfc: dict[str, Dist], counts: Counts) -> Headline:
     return Headline(
         boundary=reference,
-        fps_steady=ref.fps_steady if ref else None,
+        fps_mean=ref.fps_mean if ref else None,
         p50_ms=ref.intervals.p50_ms if ref else None,
         fps_median=ref.fps_median if ref else None,
         p99_ms=ref.intervals.p99_ms if ref else None,
@@ -456,5 +461,20 @@ def run_summary(summary: Summary, **run: Any) -> RunSummary:
     return msgspec.convert({**msgspec.to_builtins(summary), "flags": flags, **run}, RunSummary)
 
 
+def upgrade_summary(d: dict) -> dict:
+    """A summary of an older schema with its renamed keys under their figures' names (``RENAMED_KEYS``),
+    so old run directories read as new ones; the figures themselves are as they were computed."""
+    def renamed(x: dict) -> dict:
+        return {RENAMED_KEYS.get(k, k): v for k, v in x.items()} if isinstance(x, dict) else x
+
+    out = dict(d)
+    if isinstance(d.get("headline"), dict):
+        out["headline"] = renamed(d["headline"])
+    if isinstance(d.get("boundaries"), dict):
+        out["boundaries"] = {b: renamed(x) for b, x in d["boundaries"].items()}
+    return out
+
+
 def read_summary(path: str | Path) -> RunSummary:
-    return msgspec.json.decode(read_bounded(path, MAX_JSON_BYTES, "summary"), type=RunSummary)
+    raw = msgspec.json.decode(read_bounded(path, MAX_JSON_BYTES, "summary"))
+    return msgspec.convert(upgrade_summary(raw) if isinstance(raw, dict) else raw, RunSummary)
