@@ -200,11 +200,7 @@ def telemetry_on(spec: WorkerSpec, label: str):
         return
     nvml = load_nvml()
     device = torch.device(spec.device)
-    uuid = f"GPU-{torch.cuda.get_device_properties(device).uuid}"
-    try:
-        handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-    except nvml.NVMLError:  # a driver that spells UUIDs otherwise: the CUDA index (right without CUDA_VISIBLE_DEVICES)
-        handle = nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+    handle, uuid = nvml_device(nvml, device)
     sampler = Sampler(nvml_reader(nvml, handle, uuid, device.index or 0), Path(spec.run_dir) / f"telemetry.{label}.jsonl", hz)
     sampler.start()
     try:
@@ -212,6 +208,21 @@ def telemetry_on(spec: WorkerSpec, label: str):
     finally:
         sampler.stop()
         nvml.nvmlShutdown()
+
+
+def nvml_device(nvml, device: torch.device) -> tuple[object, str]:
+    """NVML's handle of this process's CUDA device and its UUID. CUDA and NVML number GPUs
+    differently once CUDA_VISIBLE_DEVICES is set, so the device is found by the UUID CUDA reports;
+    only where that fails, by its CUDA index (right when no devices are hidden)."""
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    if uuid is not None:
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}"), f"GPU-{uuid}"
+        except nvml.NVMLError:
+            pass
+    handle = nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+    got = nvml.nvmlDeviceGetUUID(handle)
+    return handle, got.decode() if isinstance(got, bytes) else str(got)
 
 
 @contextmanager
