@@ -10,6 +10,7 @@ import pytest
 
 from harness.measure import figures as F
 from harness.measure import telemetry as T
+from harness.measure import report as R
 from harness.measure.headline import headline
 from harness.measure.metrics import Window
 from harness.measure.setting import setting_line
@@ -121,3 +122,16 @@ def test_the_setting_line_says_telemetry_was_on():
     man = {"config": {"runtime": {"device": "cuda", "telemetry_hz": 10.0}}, "hooks": []}
     assert "hooks none · telemetry 10 Hz" in setting_line(man)
     assert "telemetry" not in setting_line({"config": {"runtime": {"device": "cuda", "telemetry_hz": 0.0}}})
+
+
+def test_report_md_shows_the_telemetry_line_and_defines_its_figures_only_when_sampled():
+    events, starts, window, spans = _run()
+    tel = T.summarize(T.by_gpu(_samples("GPU-a", 0, events[-1].delivered, 300.0)), spans, 10.0, "cpu_ready")
+    fig = msgspec.to_builtins(run_summary(build_summary(events, starts, window=window), **RUN, telemetry=msgspec.to_builtins(tel)))
+    plain = msgspec.to_builtins(run_summary(build_summary(events, starts, window=window), **RUN))
+    with_tel = R.RunView("a", "a", events, starts, fig, window)
+    without = R.RunView("b", "b", events, starts, plain, window)
+    assert any(l.startswith(f"- {F.label('energy_per_frame')} 2.50") for l in R.headline_section(with_tel, "a"))
+    assert not any(F.label("energy_per_frame") in l for l in R.headline_section(without, "b"))
+    assert set(T.TELEMETRY_FIGURES) <= set(R.used_figures([with_tel]))
+    assert not set(T.TELEMETRY_FIGURES) & set(R.used_figures([without]))
