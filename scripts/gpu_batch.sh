@@ -3,7 +3,7 @@
 # Usage: scripts/gpu_batch.sh OUT_DIR [STEP…]
 #   steps: probe bench1 bench1c bench2 bench2c bench704 bench704c mem served servee servee-shared compare abeng
 #          report gate bench4 serve4d serve4e report4 gputests h4 dit det colocate replay mps-on mps-off
-#          fa3tests arms replayfa3 benchcand omni interactive telemetry
+#          fa3tests arms replayfa3 benchcand omni interactive
 # Environment: MODE (serve/bench mode), TAG (suffix of a repeated serve), SESSIONS, VARIANTS (dit),
 #   GATE_A / GATE_B / GATE_EXACT (gate between two run directories of this scratch folder),
 #   CAND / ROUNDS / LAYERS (compare: the candidate, rounds, DiT depth), LAUNCHES / PAIRS / CHUNKS (abeng),
@@ -11,7 +11,7 @@
 #   RES (480x832 or 704x1280: the 4-GPU steps bench4 serve4d serve4e report4 of the production topology),
 #   SCRATCH (where run directories go; default /tmp/harness-gpu), STEP_TIMEOUT (seconds per step, 420),
 #   REPLAY_SP / REPLAY_KV (replay: SP degrees and K lengths), REPLAY_BACKENDS (replayfa3),
-#   TEL_HZ / TEL_ROUNDS (telemetry: the NVML rate, default 10, and off/on pairs, default 2; CAND adds candidates),
+#   TEL_HZ / TEL_ROUNDS (step telemetry: the NVML rate, default 10, and off/on pairs, default 2; CAND adds candidates),
 #   ARMS (arms: space-separated NAME=ID[+ID…], each A/B'd against one shared baseline in one engine;
 #   with ROUNDS / CHUNKS / LAUNCHES — ≥ 2 fresh processes give every arm a verdict), CAND (benchcand: '+'-joined candidates; DiT only, with a kernel breakdown).
 # One-GPU steps can run side by side on a multi-GPU host, each with its own GPU and scratch folder:

@@ -108,7 +108,9 @@ def test_client_run_matches_the_harness_servers_row_by_row(measured_harness_serv
     r, server, client = measured_harness_server
     print(r.stdout, r.stderr)
     assert r.returncode == 0, r.stderr
-    assert json.loads((client / "manifest.json").read_text())["status"] == "complete"
+    client_manifest_ = json.loads((client / "manifest.json").read_text())
+    assert client_manifest_["status"] == "complete"
+    assert len(client_manifest_["host"]["load_start"]) == len(client_manifest_["host"]["load_end"]) == 3  # as serve's
     assert json.loads((server / "manifest.json").read_text())["status"] == "complete"
     ce, se = read_events(client / "events.jsonl"), read_events(server / "events.jsonl")
     cs = read_sessions(client / "sessions.jsonl")
