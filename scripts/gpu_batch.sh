@@ -11,6 +11,7 @@
 #   RES (480x832 or 704x1280: the 4-GPU steps bench4 serve4d serve4e report4 of the production topology),
 #   SCRATCH (where run directories go; default /tmp/harness-gpu), STEP_TIMEOUT (seconds per step, 420),
 #   REPLAY_SP / REPLAY_KV (replay: SP degrees and K lengths), REPLAY_BACKENDS (replayfa3),
+#   TEL_HZ / TEL_ROUNDS (step telemetry: the NVML rate, default 10, and off/on pairs, default 2; CAND adds candidates),
 #   ARMS (arms: space-separated NAME=ID[+ID…], each A/B'd against one shared baseline in one engine;
 #   with ROUNDS / CHUNKS / LAUNCHES — ≥ 2 fresh processes give every arm a verdict), CAND (benchcand: '+'-joined candidates; DiT only, with a kernel breakdown).
 # One-GPU steps can run side by side on a multi-GPU host, each with its own GPU and scratch folder:
@@ -31,6 +32,28 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" > "$SCRATCH/versions.txt" 2>&1
 step() { local name=$1; shift; echo "=== $name: $*"; local t0=$SECONDS; timeout "${STEP_TIMEOUT:-420}" "$@" > "$SCRATCH/$name.log" 2>&1; echo "rc=$? ${name} $((SECONDS-t0))s" | tee -a "$SCRATCH/steps.txt"; tail -n 12 "$SCRATCH/$name.log"; }
 need() { for v in "$@"; do [ -n "${!v:-}" ] || { echo "step $s needs $v: skipped" | tee -a "$SCRATCH/steps.txt"; return 1; }; done; }
+telemetry_pairs() {
+  local cand=${CAND:+$(tr '+' '\n' <<< "$CAND" | sed 's/^/--candidate /')} tag=${CAND:+-${CAND//[:+]/_}} r dirs=()
+  for r in $(seq 1 "${TEL_ROUNDS:-2}"); do
+    for arm in off on; do
+      local d="$SCRATCH/telemetry-$RES-$M$tag-$arm-$r"; dirs+=("$d")
+      step "telemetry-$RES-$M$tag-$arm-$r" $H serve --preset lingbot-$RES --device cuda --mode "$M" --sessions "${SESSIONS:-4}" \
+        $cand $([ $arm = on ] && echo --telemetry "${TEL_HZ:-10}") --out "$d" --no-progress
+    done
+  done
+  python3 - "${dirs[@]}" <<'PY' | tee "$SCRATCH/telemetry-$RES-$M$tag.txt"
+import json, sys
+for d in sys.argv[1:]:
+    try:
+        s = json.load(open(f"{d}/summary.json"))
+    except OSError:
+        print(d, "no summary"); continue
+    t, h = s.get("telemetry") or {}, s["headline"]
+    print(d.rsplit("/", 1)[-1], "interval P50 ms", h.get("p50_ms"), "J/frame", t.get("energy_per_frame_j"),
+          "W", t.get("power_mean_w"), "flags", s.get("flags"))
+PY
+}
+
 omni_pair() {
   local srv="$SCRATCH/omni-server-$RES-$M" cli="$SCRATCH/omni-client-$RES-$M" log="$SCRATCH/omni-server-$RES-$M.log" url=""
   local w=${RES#*x} h=${RES%x*}
@@ -95,6 +118,9 @@ for s in $STEPS; do
     # action-to-photon over Case D, Case E and H5a (one serve --listen each); PLAYER: the trace
     interactive) step interactive-$RES-$M $H scenario interactive --preset lingbot-$RES --device cuda --mode "$M" \
                 --player "${PLAYER:-random:0}" --chunks "${CHUNKS:-10}" --out "$SCRATCH/interactive-$RES-$M" ;;
+    # NVML telemetry (J/frame, mean power, throttling) on the 480x832 preset, and its overhead: serves with
+    # telemetry off and on alternated (off on off on …), then their steady interval P50 and J/frame side by side
+    telemetry) telemetry_pairs ;;
     *) echo "unknown step $s" ;;
   esac
 done

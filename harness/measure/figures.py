@@ -74,7 +74,7 @@ _TABLE: tuple[Figure, ...] = (
            formula="the shortest steady interval"),
     Figure(name="interval_mean", label="interval mean ms", keys=("mean_ms",), unit="ms", where="summary.dist",
            formula="mean steady interval"),
-    Figure(name="fps_mean", label="FPS (mean interval)", keys=("fps_steady",), unit="frames/s", where="metrics.steady_fps",
+    Figure(name="fps_mean", label="FPS mean", keys=("fps_mean",), unit="frames/s", where="metrics.steady_fps",
            formula="Σ frames ÷ Σ intervals over the steady window = mean frames per chunk ÷ mean interval "
                    "(the rate a viewer sees; not frames ÷ P50)"),
     Figure(name="fps_median", label="FPS at interval P50", keys=("fps_median",), unit="frames/s",
@@ -193,6 +193,39 @@ _TABLE: tuple[Figure, ...] = (
            formula="DiT FLOPs of a steady chunk (bench-engine --json) ÷ GPU-event DiT P50 ÷ (bf16 dense peak × SP ranks)"),
     Figure(name="vae_mfu", label="VAE decode MFU (TF32 dense)", unit="%", where="production.mfu",
            formula="VAE conv FLOPs of a chunk (bench-engine --json) ÷ GPU-event decode P50 ÷ (TF32 dense peak × VAE ranks)"),
+    # ---- the viewer's session table (client, harness API: serving/client.py) --------------------
+    Figure(name="client_seed", label="seed", unit="—", where="playout.SESSION_COLUMNS",
+           formula="the session's seed (--seed + the session's index in this client run)"),
+    Figure(name="client_outcome", label="outcome", unit="—", where="playout.SESSION_COLUMNS",
+           formula="how the session ended at the client: complete, cancelled, disconnected, error, busy (refused: the "
+                   "server was serving another) or closed"),
+    Figure(name="client_chunks", label="chunks", unit="chunks", where="playout.SESSION_COLUMNS",
+           formula="chunks received / chunks the session asked for"),
+    Figure(name="client_frames", label="frames", unit="frames", where="playout.playout",
+           formula="pixel frames received (and played out) in the session"),
+    Figure(name="client_ttfc", label="TTFC ms", unit="ms", where="playout.session_ttfc_ms",
+           formula="client clock: the first chunk's media read − the start sent (TTFC at the client's receipt, "
+                   "before playout; the server's summary takes TTFC at its own boundaries)"),
+    Figure(name="client_underruns", label="underruns", unit="stalls", where="playout.playout",
+           formula="times the player (started once its prebuffer arrived, then one frame per 1/fps) reached a frame "
+                   "not yet arrived; consecutive late frames are one underrun"),
+    Figure(name="client_stall", label="stall ms", unit="ms", where="playout.playout",
+           formula="Σ time the player waited for late frames"),
+    Figure(name="client_continuous", label="cont.play", unit="%", where="playout.playout",
+           formula="continuous-play ratio: play time ÷ (play time + stall time); 100 % = never stalled"),
+    Figure(name="client_read_fps", label="read fps", unit="frames/s", where="playout.read_fps",
+           formula="frames of chunks 1… ÷ (last chunk's receipt − first chunk's receipt), client clock: the rate the "
+                   "media arrived at (chunk 0 opens the span, so its frames are not counted)"),
+    # ---- GPU telemetry (--telemetry HZ: NVML samples, measure.telemetry) ----------------------
+    Figure(name="energy_per_frame", label="energy J/frame", keys=("energy_per_frame_j",), unit="J/frame",
+           where="telemetry.summarize",
+           formula="Σ over steady intervals (cpu_ready(i−1), cpu_ready(i)] and GPUs of ∫ power dt (trapezoid through the "
+                   "NVML readings, interpolated at the interval's ends) ÷ Σ frames of those intervals; an interval the "
+                   "readings do not cover is left out (intervals_uncovered)"),
+    Figure(name="power_mean", label="GPU power mean W", keys=("power_mean_w",), unit="W", where="telemetry.summarize",
+           formula="the same energy ÷ Σ time of the same steady intervals: the mean power of all the run's GPUs together"),
+    Figure(name="telemetry_gpus", label="GPUs sampled", keys=("gpus",), unit="GPUs", where="telemetry.by_gpu",
+           formula="distinct GPUs (NVML UUID) the samples came from; a GPU sampled by two processes is one series"),
     # ---- action-to-photon (a player session: client --player, scenario interactive; DESIGN §4) ---
     Figure(name="arm", label="arm", unit="—", where="interaction.A2PSummary",
            formula="the server configuration the player session ran against (scheduler, candidate)"),
@@ -259,6 +292,9 @@ _FLAGS: tuple[tuple[str, str], ...] = (
     ("has_cancelled", "some sessions were cancelled: counted, but they give no sample"),
     ("order_violations", "some chunk's boundaries are out of order or recorded twice: the table contradicts itself (invalid)"),
     ("no_session_starts", "no session start was recorded: TTFC and rollout figures are absent"),
+    ("clocks_throttled", "--telemetry: NVML reported a clock-lowering reason (measure.telemetry.THROTTLING: power cap, "
+                         "thermal or hardware slowdown) on a GPU sample inside a steady interval; the reasons and their "
+                         "sample counts are summary.json's telemetry.throttle_reasons"),
     ("stalled", "a stage owing the driver a reply made no progress for runtime.stall_report_s (plus "
                 "runtime.compile_allowance_s on a compiled warm-up's first chunks); the stalls are listed in summary.json"),
 )
