@@ -118,6 +118,9 @@ class ViewerOptions:
     action_timeout_s: float | None = None
     out_dir: Path | None = None
     receive_timeout_s: float = 300.0
+    #: no ``started`` within this many seconds of the start: leave (closing the connection, which the
+    #: server treats as a cancel) with the outcome ``queue_timeout``; None: wait as for any message
+    start_timeout_s: float | None = None
     #: a player session: these events are sent at their own times (from ``started``), and the
     #: server applies them at its chunk boundaries instead of asking for scripted actions
     player: tuple[TraceEvent, ...] | None = None
@@ -126,7 +129,7 @@ class ViewerOptions:
 class SessionReport(msgspec.Struct):
     seed: int
     chunks: int
-    outcome: str = ""  # complete | cancelled | disconnected | error | busy | closed
+    outcome: str = ""  # complete | cancelled | disconnected | error | busy | queue_timeout | closed
     session: int | None = None
     error: str = ""
     errors: list[str] = []  # non-fatal rejections the server sent
@@ -140,6 +143,7 @@ class SessionReport(msgspec.Struct):
     t_start_ns: int = 0
     t_first_media_ns: int | None = None
     t_end_ns: int = 0  # the session ended on our side (last message, error, close)
+    t_started_ns: int | None = None  # ``started`` read: the server admitted the session
     cancel_sent_ns: int | None = None
     play: PlayStats | None = None
     header_ns: list[int] = []  # when each header was read (client clock)
@@ -271,11 +275,24 @@ class _Viewer:
         self.rep.outcome, self.rep.error = outcome, error
         return True
 
+    def _receive_timeout(self) -> tuple[float, bool]:
+        """How long the next read may wait, and whether that wait is the admission's (start timeout)."""
+        opts, rep = self.opts, self.rep
+        if opts.start_timeout_s is None or rep.started is not None:
+            return opts.receive_timeout_s, False
+        left = opts.start_timeout_s - (now() - rep.t_start_ns) / 1e9
+        return (max(left, 0.0), True) if left < opts.receive_timeout_s else (opts.receive_timeout_s, False)
+
     async def receive_all(self) -> None:
         while True:
+            timeout, admission = self._receive_timeout()
             try:
-                m = await self.ws.receive(timeout=self.opts.receive_timeout_s)
+                m = await self.ws.receive(timeout=timeout)
             except asyncio.TimeoutError:
+                if admission:
+                    self.fail("queue_timeout", f"not admitted within {self.opts.start_timeout_s:g} s of the start")
+                    await self.ws.close()
+                    return
                 self.fail("error", f"no message from the server for {self.opts.receive_timeout_s:g} s")
                 return
             if m.type == WSMsgType.TEXT:
@@ -322,6 +339,7 @@ class _Viewer:
     async def on_started(self, msg: W.Started) -> bool:
         rep, opts = self.rep, self.opts
         rep.started, rep.session, rep.chunks = msg, msg.session, msg.chunks
+        rep.t_started_ns = now()
         self.frames_per_chunk = msg.latent_frames_per_chunk
         if opts.out_dir is not None:
             opts.out_dir.mkdir(parents=True, exist_ok=True)
