@@ -19,6 +19,8 @@ import itertools
 import sys
 from pathlib import Path
 
+import matplotlib
+import matplotlib.pyplot as plt
 import msgspec
 
 from harness.drivers.rundir import command_line, new_run_dir, release_reserve, versions, write_json
@@ -143,12 +145,7 @@ def table_md(points: list[Point]) -> list[str]:
 
 
 def plot(points: list[Point], x_axis: str, path: Path, title: str) -> None:
-    # matplotlib imported here: only the sweep's last step draws, and parsing never waits for it
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    matplotlib.use("Agg", force=True)  # headless: never needs a display
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ok = [p for p in points if cost(p, x_axis) is not None and p.goodput_per_gpu is not None]
     for p in ok:
