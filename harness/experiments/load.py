@@ -38,16 +38,14 @@ from harness.experiments import load_sessions as S
 from harness.experiments.scenarios.server_process import ServerProcess
 from harness.measure import arrivals as A
 from harness.measure.clock import now
-from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart
+from harness.measure.events import ChunkEvent, SessionStart
 from harness.measure.figures import console_table, label
-from harness.measure.goodput import (EarlyStop, LoadRecord, Slo, early_stop, load_summary, meets, parse_slo,
-                                     session_interval_p50)
+from harness.measure.goodput import EarlyStop, LoadRecord, Slo, early_stop, load_summary, parse_slo
 from harness.measure.headline import headline
 from harness.measure.metrics import window_for
 from harness.measure.slices import SliceSpec, parse_slice, slices
 from harness.measure.summary import SUMMARY_FILE, build_summary, run_summary
 from harness.serving import client as C
-from harness.serving import omni_client as OC
 from harness.serving import omni_protocol as O
 from harness.serving.options import add_serve_command
 from harness.serving.protocol import boot_id, one_line
