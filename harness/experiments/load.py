@@ -41,11 +41,11 @@ from harness.measure.clock import now
 from harness.measure.events import ChunkEvent, SessionStart
 from harness.measure.figures import console_table, label
 from harness.measure.goodput import EarlyStop, LoadRecord, Slo, early_stop, load_summary, parse_slo
-from harness.measure.headline import headline
 from harness.measure.metrics import window_for
 from harness.measure.slices import SliceSpec, parse_slice, slices
 from harness.measure.summary import SUMMARY_FILE, build_summary, run_summary
 from harness.serving import client as C
+from harness.serving import omni_client as OC
 from harness.serving import omni_protocol as O
 from harness.serving.options import add_serve_command
 from harness.serving.protocol import boot_id, one_line
@@ -203,12 +203,7 @@ class _Loop:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
             for i, off in enumerate(self.plan.offsets_s):
                 due = t0 + round(off * 1e9)
-                wait = (due - now()) / 1e9
-                if wait > 0:
-                    try:
-                        await asyncio.wait_for(self.stop.wait(), wait)
-                    except asyncio.TimeoutError:
-                        pass
+                await C.sleep_unless(self.stop, (due - now()) / 1e9)
                 if self.stop.is_set():
                     break
                 a = S.Arrival(index=i, seed=self.plan.seed + i, planned_s=off, due_ns=due)
@@ -344,12 +339,4 @@ def run_lines(s: dict) -> list[str]:
 def main(args) -> int:
     plan = plan_from_args(args)
     run_dir, summary, recs = run_load(plan)
-    for line in session_rows(recs) + run_lines(summary):
-        print(line)
-    print(f"run directory: {run_dir}")
-    for line in headline(summary):
-        print(line)
-    if summary.get("status") != "complete":
-        print(f"error: {summary.get('error')}", file=sys.stderr)
-        return 1
-    return 0
+    return OC.print_run(session_rows(recs) + run_lines(summary), run_dir, summary)

@@ -126,6 +126,15 @@ class ViewerOptions:
     player: tuple[TraceEvent, ...] | None = None
 
 
+async def sleep_unless(event: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds`` or until ``event`` is set, whichever comes first."""
+    if seconds > 0:
+        try:
+            await asyncio.wait_for(event.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+
 class SessionReport(msgspec.Struct):
     seed: int
     chunks: int
@@ -237,12 +246,7 @@ class _Viewer:
         """Send the trace's events at their own times, whatever the chunks are doing."""
         for ev in self.opts.player or ():
             planned = t0 + round(ev.t_s * 1e9)
-            wait = (planned - now()) / 1e9
-            if wait > 0:
-                try:
-                    await asyncio.wait_for(self.player_stop.wait(), wait)
-                except asyncio.TimeoutError:
-                    pass
+            await sleep_unless(self.player_stop, (planned - now()) / 1e9)
             if self.player_stop.is_set():
                 return
             sent = now()

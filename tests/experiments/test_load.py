@@ -10,10 +10,13 @@ import msgspec
 import pytest
 
 from harness.cli import main
+from harness.experiments import load_sessions as S
 from harness.experiments.scenarios import ServerProcess
 from harness.measure.events import read_run, validate_events
-from harness.measure.goodput import OUTCOMES, LoadRecord
+from harness.measure.goodput import OUTCOMES, LoadRecord, Slo
 from harness.measure.summary import read_summary
+from harness.serving import client as C
+from harness.serving import omni_client as OC
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +88,30 @@ def test_sweep_over_two_rates_writes_the_table_and_the_pareto_plot(server, tmp_p
     md = (out / "sweep.md").read_text()
     assert md.count("| 0") == 2 and "goodput per GPU" in md
     assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- how each API's session report becomes an outcome (no server needed) -------------------------
+def _arrival():
+    return S.Arrival(index=4, seed=9, planned_s=1.5, due_ns=10**9)
+
+
+@pytest.mark.parametrize("outcome, error, want", [
+    ("complete", "", "served"), ("busy", "server is busy with another session (capacity 1)", "refused"),
+    ("busy", "timed out in the admission queue after 30 s", "queue_timeout"), ("queue_timeout", "not admitted", "queue_timeout"),
+    ("error", "bad message", "failed"), ("closed", "code 1011", "failed"), ("cancelled", "", "failed")])
+def test_a_harness_session_report_becomes_one_outcome(outcome, error, want):
+    rep = C.SessionReport(seed=9, chunks=2, outcome=outcome, error=error, t_start_ns=2 * 10**9, t_end_ns=3 * 10**9)
+    rec = S.harness_record(_arrival(), rep, Slo(2.0, 0.5))
+    assert rec.outcome == want and rec.client_wait_ms == pytest.approx(1000.0) and not rec.meets_slo
+
+
+def test_a_vllm_omni_session_becomes_a_record():
+    chunks = [OC.ChunkRecord("media", n, 10, t - 5, t) for n, t in ((9, 3 * 10**9), (12, 4 * 10**9))]
+    rec = OC.ClientSession(session=4, seed=9, chunks_asked=2, outcome="complete", start_sent_ns=2 * 10**9,
+                           video_start_ns=2 * 10**9 + 10**6, done_ns=5 * 10**9, config={"fps": 16}, chunks=chunks)
+    r = S.omni_record(_arrival(), rec, Slo(2.0, 0.5))
+    assert r.outcome == "served" and r.ttfc_ms == pytest.approx(1000.0) and r.queue_wait_ms == pytest.approx(1.0)
+    assert r.intervals_ms == [pytest.approx(1000.0)] and r.frames == 21 and r.meets_slo
+    busy = OC.ClientSession(session=4, seed=9, chunks_asked=2, outcome="error", error="server is busy (capacity 1)",
+                            start_sent_ns=2 * 10**9)
+    assert S.omni_record(_arrival(), busy, Slo(2.0, 0.5)).outcome == "refused"
