@@ -15,7 +15,8 @@ from harness.serving import client as C
 from harness.serving import omni_client as OC
 
 #: words of a ``busy`` refusal that say the session waited in the server's queue and timed out
-#: there (a server with an admission queue); any other ``busy`` is a refusal at once
+#: there (a server with an admission queue: "no replica became free within the queue timeout");
+#: any other ``busy`` is a refusal at once
 _QUEUE_WORDS = ("queue", "timed out", "timeout")
 
 
@@ -56,7 +57,8 @@ def harness_record(a: Arrival, rep: C.SessionReport, slo: Slo) -> LoadRecord:
     p = rep.play
     return _record(a, slo, start_sent_ns=rep.t_start_ns or None, started_ns=rep.t_started_ns,
                    first_chunk_ns=rep.t_first_media_ns, end_ns=rep.t_end_ns or now(), outcome=harness_outcome(rep),
-                   error=rep.error, session=rep.session, chunks=rep.chunks, chunks_delivered=len(rep.headers),
+                   error=rep.error, session=rep.session, replica=getattr(rep.started, "replica", None),
+                   chunks=rep.chunks, chunks_delivered=len(rep.headers),
                    frames=sum(h.frames for h in rep.headers), intervals_ms=_intervals_ms(rep.receipts_ns),
                    underruns=p.underruns if p else 0, stall_ms=p.stall_ms if p else 0.0,
                    continuous_ratio=p.continuous_ratio if p else None)

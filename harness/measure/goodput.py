@@ -74,6 +74,7 @@ class LoadRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     outcome: str = "failed"  # one of OUTCOMES
     error: str = ""
     session: int | None = None  # the server's session number
+    replica: int | None = None  # the engine group that served it, where the server says (``started.replica``)
     chunks: int = 0
     chunks_delivered: int = 0
     frames: int = 0
