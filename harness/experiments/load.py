@@ -33,7 +33,7 @@ import msgspec
 
 from harness.drivers.rundir import command_line, new_run_dir, release_reserve, versions, write_json, write_jsonl
 from harness.drivers.runstate import owner_record
-from harness.errors import HarnessError
+from harness.errors import HarnessError, RunFailed
 from harness.experiments import load_sessions as S
 from harness.experiments.scenarios.server_process import ServerProcess
 from harness.measure import arrivals as A
@@ -264,8 +264,8 @@ def finish(run_dir: Path, plan: LoadPlan, loop: _Loop, status: str, error: str |
 def _start_server(plan: LoadPlan, run_dir: Path) -> ServerProcess:
     try:
         return ServerProcess(list(plan.serve_argv), run_dir / "server")
-    except RuntimeError as e:
-        raise HarnessError(one_line(str(e))) from None
+    except RuntimeError as e:  # the server it started exited or never listened: the run failed, not the user
+        raise RunFailed(one_line(str(e))) from None
 
 
 def run_load(plan: LoadPlan) -> tuple[Path, dict, list[LoadRecord]]:
