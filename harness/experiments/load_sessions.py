@@ -108,15 +108,17 @@ async def omni_session(a: Arrival, url: str, chunks: int | None, slo: Slo, http:
     return out, events
 
 
-def timed_out(a: Arrival, slo: Slo, sent_ns: int, limit_s: float) -> tuple[LoadRecord, list[ChunkEvent]]:
-    """A session that did not end within its bound: ended here (its connection closed), failed."""
-    return _record(a, slo, start_sent_ns=sent_ns, end_ns=now(), outcome="failed",
-                   error=f"no end within {limit_s:g} s of the start"), []
+def ended_here(a: Arrival, slo: Slo, sent_ns: int, why: str) -> tuple[LoadRecord, list[ChunkEvent]]:
+    """A session that did not end on its own (its bound passed, or the client itself failed): failed."""
+    return _record(a, slo, start_sent_ns=sent_ns, end_ns=now(), outcome="failed", error=why), []
 
 
 async def bounded(coro, a: Arrival, slo: Slo, limit_s: float) -> tuple[LoadRecord, list[ChunkEvent]]:
+    """The session within ``limit_s``; whatever happens, an outcome (the connection is closed on the way out)."""
     sent = now()
     try:
         return await asyncio.wait_for(coro, limit_s)
     except asyncio.TimeoutError:
-        return timed_out(a, slo, sent, limit_s)
+        return ended_here(a, slo, sent, f"no end within {limit_s:g} s of the start")
+    except Exception as e:  # a fault of this client, not the server's answer: still this arrival's outcome
+        return ended_here(a, slo, sent, C.W.one_line(f"{type(e).__name__}: {e}"))

@@ -4,6 +4,7 @@ run directory passes the contract checks, and a two-rate sweep writes its table 
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import msgspec
@@ -115,3 +116,16 @@ def test_a_vllm_omni_session_becomes_a_record():
     busy = OC.ClientSession(session=4, seed=9, chunks_asked=2, outcome="error", error="server is busy (capacity 1)",
                             start_sent_ns=2 * 10**9)
     assert S.omni_record(_arrival(), busy, Slo(2.0, 0.5)).outcome == "refused"
+
+
+def test_a_session_that_never_ends_or_breaks_the_client_still_gets_an_outcome():
+    async def never():
+        await asyncio.Event().wait()
+
+    async def broken():
+        raise OSError("socket gone")
+
+    hung, _ = asyncio.run(S.bounded(never(), _arrival(), Slo(2.0, 0.5), 0.01))
+    assert hung.outcome == "failed" and "no end within" in hung.error
+    bad, events = asyncio.run(S.bounded(broken(), _arrival(), Slo(2.0, 0.5), 5.0))
+    assert bad.outcome == "failed" and bad.error == "OSError: socket gone" and events == []
