@@ -14,6 +14,7 @@ dominates (``measure.pareto.pareto_front``) marked and joined.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import itertools
 import sys
@@ -194,6 +195,9 @@ def main(args) -> int:
         raise
     finally:
         release_reserve(out)
+        for empty in ("media", "outputs"):  # a run directory's, never used by a sweep's own level
+            with contextlib.suppress(OSError):
+                (out / empty).rmdir()
         mark_front(points, args.x_axis)
         write_json(out / "sweep.json", points)
         lines = table_md(points)
