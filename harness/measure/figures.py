@@ -206,7 +206,7 @@ _TABLE: tuple[Figure, ...] = (
     Figure(name="client_ttfc", label="TTFC ms", unit="ms", where="playout.session_ttfc_ms",
            formula="client clock: the first chunk's media read − the start sent (TTFC at the client's receipt, "
                    "before playout; the server's summary takes TTFC at its own boundaries)"),
-    Figure(name="client_underruns", label="underruns", unit="stalls", where="playout.playout",
+    Figure(name="client_underruns", label="underruns", keys=("underruns",), unit="stalls", where="playout.playout",
            formula="times the player (started once its prebuffer arrived, then one frame per 1/fps) reached a frame "
                    "not yet arrived; consecutive late frames are one underrun"),
     Figure(name="client_stall", label="stall ms", unit="ms", where="playout.playout",
@@ -276,6 +276,52 @@ _TABLE: tuple[Figure, ...] = (
     Figure(name="a2p_parts_sum", label="Σ parts ms", unit="ms", where="interaction.event_parts",
            formula="uplink + boundary wait + generation + decode + encode + transport + playout buffer = the mean "
                    "A2P at playout (means add up; medians do not)"),
+    # ---- open-loop load (``load``; measure/goodput.py, measure/slices.py, measure/pareto.py) -------
+    Figure(name="load_index", label="arrival", keys=("index",), unit="—", where="goodput.LoadRecord",
+           formula="the session's place in the arrival order, from 0 (load.jsonl)"),
+    Figure(name="load_outcome", label="arrival outcome", keys=("outcome",), unit="—", where="goodput.OUTCOMES",
+           formula="served (ran to its end), refused (busy), queue_timeout (not admitted within --queue-timeout), "
+                   "failed (anything else); every arrival gets one"),
+    Figure(name="load_queue_wait", label="queue wait ms", keys=("queue_wait_ms", "queue_wait_p50_ms", "queue_wait_max_ms"),
+           unit="ms", where="goodput.LoadRecord",
+           formula="start sent → started read (client clock): the server's admission, its queue included"),
+    Figure(name="load_ttfc", label="TTFC incl. queue ms", keys=("ttfc_ms", "ttfc_p50_ms", "ttfc_p99_ms"), unit="ms",
+           where="goodput.LoadRecord",
+           formula="start sent → chunk 0's media read (client clock), the admission queue included; run: nearest rank over served sessions"),
+    Figure(name="load_interval_p50", label="session interval P50 ms", keys=("interval_p50_ms",), unit="ms",
+           where="goodput.session_interval_p50",
+           formula="the session's own cadence: nearest-rank median of its delivery intervals (media read, chunk 1 on)"),
+    Figure(name="load_continuous", label="continuous play", keys=("continuous_ratio", "continuous_p50"), unit="%",
+           where="goodput.LoadRecord",
+           formula="play time ÷ (play time + stall time) of the client's paced player (serving.client.playout) at the stream's fps"),
+    Figure(name="load_meets_slo", label="meets SLO", keys=("meets_slo", "meeting_slo"), unit="—", where="goodput.meets",
+           formula="served, TTFC incl. queue ≤ the SLO's ttfc and continuous play ≥ its play (--slo)"),
+    Figure(name="load_offered", label="offered load", keys=("offered_per_min", "nominal_per_min"), unit="sessions/min",
+           where="goodput.load_summary",
+           formula="arrivals ÷ the run's span (first arrival → last session ended); nominal: the process's own rate"),
+    Figure(name="load_served", label="served load", keys=("served_per_min",), unit="sessions/min",
+           where="goodput.load_summary", formula="sessions served to their end ÷ the run's span"),
+    Figure(name="load_refused", label="refused share", keys=("refused_share", "outcomes"), unit="%",
+           where="goodput.load_summary", formula="arrivals the server answered busy ÷ arrivals"),
+    Figure(name="load_goodput", label="goodput", keys=("goodput", "per_min", "low", "high"), unit="sessions/min",
+           where="goodput.goodput",
+           formula="sessions meeting the SLO ÷ the run's span; 95 % interval: Clopper–Pearson on the meeting share "
+                   "× arrivals per minute (the open-loop rate, taken as exact)"),
+    Figure(name="load_early_stop", label="early stop", keys=("early_stop", "stopped_early", "stop_reason"), unit="—",
+           where="goodput.early_stop",
+           formula="MLPerf LoadGen's binomial bound, both sides: 'share meeting the SLO ≥ P' decided met when "
+                   "P(Binom(n, 1−P) ≤ misses) ≤ 0.01, missed when P(Binom(n, 1−P) ≥ misses) ≤ 0.01; arrivals stop then"),
+    Figure(name="slice_p50", label="slice interval P50 ms", keys=("p50_ms", "low_ms", "high_ms"), unit="ms",
+           where="slices.slices",
+           formula="per slice (--slice sessions:N | seconds:T of arrivals), the nearest-rank P50 of its served sessions' "
+                   "delivery intervals with a 95 % session-bootstrap interval"),
+    Figure(name="slice_drifted", label="drifted", keys=("drifted",), unit="flag", where="slices.drifted",
+           formula="the slice's P50 lies beyond the run's P50 interval and the slice's own interval does not reach back into it"),
+    Figure(name="sweep_goodput_per_gpu", label="goodput per GPU", keys=("goodput_per_gpu",), unit="sessions/min/GPU",
+           where="goodput.goodput", formula="a sweep point's goodput ÷ (replicas × --gpus-per-replica)"),
+    Figure(name="sweep_pareto", label="Pareto", keys=("pareto",), unit="flag", where="pareto.pareto_front",
+           formula="no other sweep point has both a lower-or-equal cost (TTFC P50 or interval P99) and a higher-or-equal "
+                   "goodput per GPU, one strictly"),
 )
 
 #: The validity flags of ``summary.json`` (``summary.flags_and_validity``; ``stalled`` from ``summary.run_summary``),

@@ -27,6 +27,8 @@ from harness.limits import MAX_JSON_BYTES, read_bounded
 from harness.measure import metrics as M
 from harness.measure import stats as S
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, validate_events
+from harness.measure.goodput import LoadSummary
+from harness.measure.slices import SlicesSummary
 from harness.measure.stages import STAGES
 from harness.measure.tails import TailSummary
 from harness.measure.telemetry import TelemetrySummary
@@ -443,6 +445,10 @@ class RunSummary(Summary, kw_only=True, omit_defaults=True):
     summary_extra_error: str | None = None
     #: --telemetry: energy per frame, mean power, throttling over the steady window (measure.telemetry)
     telemetry: TelemetrySummary | None = None
+    #: ``load``: offered and served load, outcomes, goodput against the SLO, early stopping
+    load: LoadSummary | None = None
+    #: ``load --slice``: the delivery-interval P50 per slice of the run, drift flagged
+    slices: SlicesSummary | None = None
 
 
 _RUN_FIELDS = frozenset(RunSummary.__struct_fields__) - frozenset(Summary.__struct_fields__)

@@ -62,15 +62,27 @@ class ViewerOptions:
     action_timeout_s: float | None = None
     out_dir: Path | None = None
     receive_timeout_s: float = 300.0
+    #: no ``started`` within this many seconds of the start: leave (closing the connection, which the
+    #: server treats as a cancel) with the outcome ``queue_timeout``; None: wait as for any message
+    start_timeout_s: float | None = None
     #: a player session: these events are sent at their own times (from ``started``), and the
     #: server applies them at its chunk boundaries instead of asking for scripted actions
     player: tuple[TraceEvent, ...] | None = None
 
 
+async def sleep_unless(event: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds`` or until ``event`` is set, whichever comes first."""
+    if seconds > 0:
+        try:
+            await asyncio.wait_for(event.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+
 class SessionReport(msgspec.Struct):
     seed: int
     chunks: int
-    outcome: str = ""  # complete | cancelled | disconnected | error | busy | closed
+    outcome: str = ""  # complete | cancelled | disconnected | error | busy | queue_timeout | closed
     session: int | None = None
     error: str = ""
     errors: list[str] = []  # non-fatal rejections the server sent
@@ -84,6 +96,7 @@ class SessionReport(msgspec.Struct):
     t_start_ns: int = 0
     t_first_media_ns: int | None = None
     t_end_ns: int = 0  # the session ended on our side (last message, error, close)
+    t_started_ns: int | None = None  # ``started`` read: the server admitted the session
     cancel_sent_ns: int | None = None
     play: PlayStats | None = None
     header_ns: list[int] = []  # when each header was read (client clock)
@@ -177,12 +190,7 @@ class _Viewer:
         """Send the trace's events at their own times, whatever the chunks are doing."""
         for ev in self.opts.player or ():
             planned = t0 + round(ev.t_s * 1e9)
-            wait = (planned - now()) / 1e9
-            if wait > 0:
-                try:
-                    await asyncio.wait_for(self.player_stop.wait(), wait)
-                except asyncio.TimeoutError:
-                    pass
+            await sleep_unless(self.player_stop, (planned - now()) / 1e9)
             if self.player_stop.is_set():
                 return
             sent = now()
@@ -215,11 +223,24 @@ class _Viewer:
         self.rep.outcome, self.rep.error = outcome, error
         return True
 
+    def _receive_timeout(self) -> tuple[float, bool]:
+        """How long the next read may wait, and whether that wait is the admission's (start timeout)."""
+        opts, rep = self.opts, self.rep
+        if opts.start_timeout_s is None or rep.started is not None:
+            return opts.receive_timeout_s, False
+        left = opts.start_timeout_s - (now() - rep.t_start_ns) / 1e9
+        return (max(left, 0.0), True) if left < opts.receive_timeout_s else (opts.receive_timeout_s, False)
+
     async def receive_all(self) -> None:
         while True:
+            timeout, admission = self._receive_timeout()
             try:
-                m = await self.ws.receive(timeout=self.opts.receive_timeout_s)
+                m = await self.ws.receive(timeout=timeout)
             except asyncio.TimeoutError:
+                if admission:
+                    self.fail("queue_timeout", f"not admitted within {self.opts.start_timeout_s:g} s of the start")
+                    await self.ws.close()
+                    return
                 self.fail("error", f"no message from the server for {self.opts.receive_timeout_s:g} s")
                 return
             if m.type == WSMsgType.TEXT:
@@ -266,6 +287,7 @@ class _Viewer:
     async def on_started(self, msg: W.Started) -> bool:
         rep, opts = self.rep, self.opts
         rep.started, rep.session, rep.chunks = msg, msg.session, msg.chunks
+        rep.t_started_ns = now()
         self.frames_per_chunk = msg.latent_frames_per_chunk
         if opts.out_dir is not None:
             opts.out_dir.mkdir(parents=True, exist_ok=True)

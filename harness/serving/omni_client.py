@@ -446,11 +446,9 @@ def table(recs: list[ClientSession]) -> list[str]:
     return rows
 
 
-def main(args, url: str) -> int:
-    """``url``: the endpoint of ``--connect`` (``client.session_url`` at production's path)."""
-    w = workload(args, url)
-    run_dir, recs, summary = measure(w, args.out, getattr(args, "overwrite", False))
-    for line in table(recs):
+def print_run(lines: list[str], run_dir: Path, summary: dict) -> int:
+    """A measuring client's console end: its own lines, the run directory, the headline; 1 unless complete."""
+    for line in lines:
         print(line)
     print(f"run directory: {run_dir}")
     for line in headline(summary):
@@ -459,3 +457,10 @@ def main(args, url: str) -> int:
         print(f"error: {summary.get('error')}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(args, url: str) -> int:
+    """``url``: the endpoint of ``--connect`` (``client.session_url`` at production's path)."""
+    w = workload(args, url)
+    run_dir, recs, summary = measure(w, args.out, getattr(args, "overwrite", False))
+    return print_run(table(recs), run_dir, summary)
