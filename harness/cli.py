@@ -17,6 +17,7 @@ import sys
 from harness.drivers.options import add_serve_options, add_set_option
 from harness.drivers.signals import install as install_signals
 from harness.errors import HarnessError, report
+from harness.experiments.load_options import add_load_arguments, add_sweep_arguments
 from harness.experiments.pipeline_bench import add_arguments as add_pipeline_bench_arguments
 from harness.experiments.replay import add_replay_arguments
 from harness.experiments.scenarios import add_scenario_arguments
@@ -110,7 +111,7 @@ def _scenario(p: argparse.ArgumentParser) -> None:
 
 
 def _gpu_checks(p: argparse.ArgumentParser) -> None:
-    p.add_argument("check", choices=["output", "vae", "dit", "determinism", "colocate", "dit-run"])
+    p.add_argument("check", choices=["output", "vae", "vae-layout", "condition", "dit", "determinism", "colocate", "dit-run"])
     p.add_argument("--json", help="also write the report here")
     p.add_argument("--chunks", type=int)
     p.add_argument("--compile-mode", help="inductor mode for the compiled DiT/VAE (default: the engine's)")
@@ -153,6 +154,11 @@ COMMANDS: dict[str, tuple[str, object, str]] = {
                add_replay_arguments, "harness.experiments.replay:main"),
     "bench-pipeline": ("time the transport primitives alone: frame ring, socket channel, FFV1 encoders (JSON lines)",
                        add_pipeline_bench_arguments, "harness.experiments.pipeline_bench:main"),
+    "load": ("open-loop sessions (Poisson, bursts, a trace) against a server: queue wait, TTFC, cadence, refusals, "
+             "goodput against an SLO, early stopping, time slices; one run directory", add_load_arguments,
+             "harness.experiments.load:main"),
+    "sweep": ("a grid of load runs (rates × replicas × candidate sets × sizes): sweep.md, sweep.json and a Pareto plot",
+              add_sweep_arguments, "harness.experiments.sweep:main"),
     "gpu-checks": ("GPU acceptance checks of H3a/H4a/H4b and the compiled modes, one JSON report each (CUDA)", _gpu_checks,
                    "harness.experiments.gpu_checks:main"),
 }

@@ -165,6 +165,9 @@ class RuntimeConfig(_Section):
     compile_allowance_s: float = 300.0
     #: chunk 0 and chunk 1 differ in shape (1 + 4·(latent − 1) frames, then 4·latent), so each compiles
     compile_allowance_chunks: int = 2
+    #: GPU telemetry through NVML, samples per second in every process that owns a GPU (0: off, the
+    #: default: a sampler thread takes its process's GIL at every reading); hooks/telemetry.py
+    telemetry_hz: float = 0.0
 
 
 class EngineConfig(_Section):
@@ -241,6 +244,8 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
         (cfg.schedule.noise in NOISE_CONVENTIONS,
          f"schedule.noise must be one of {', '.join(NOISE_CONVENTIONS)}, got {cfg.schedule.noise!r}"),
         (cfg.runtime.sessions >= 1, "runtime.sessions must be ≥ 1 (the warm-up session counts)"),
+        (math.isfinite(cfg.runtime.telemetry_hz) and 0 <= cfg.runtime.telemetry_hz <= 100,
+         f"runtime.telemetry_hz = {cfg.runtime.telemetry_hz:g} must be 0 (off) or a rate up to 100 samples per second"),
         (cfg.runtime.max_pending_decodes >= 1, "runtime.max_pending_decodes must be ≥ 1"),
         (cfg.runtime.ring_slots >= 1 and cfg.runtime.queue_depth >= 1, "runtime.ring_slots and queue_depth must be ≥ 1"),
         (len(cfg.vae.temporal_upsample) == len(cfg.vae.dim_mult) - 1,

@@ -3,7 +3,7 @@
 # Usage: scripts/gpu_batch.sh OUT_DIR [STEP…]
 #   steps: probe bench1 bench1c bench2 bench2c bench704 bench704c mem served servee servee-shared compare abeng
 #          report gate bench4 serve4d serve4e report4 gputests h4 dit det colocate replay mps-on mps-off
-#          fa3tests arms replayfa3 benchcand omni interactive
+#          fa3tests arms replayfa3 benchcand omni interactive vaelayout condition
 # Environment: MODE (serve/bench mode), TAG (suffix of a repeated serve), SESSIONS, VARIANTS (dit),
 #   GATE_A / GATE_B / GATE_EXACT (gate between two run directories of this scratch folder),
 #   CAND / ROUNDS / LAYERS (compare: the candidate, rounds, DiT depth), LAUNCHES / PAIRS / CHUNKS (abeng),
@@ -11,6 +11,7 @@
 #   RES (480x832 or 704x1280: the 4-GPU steps bench4 serve4d serve4e report4 of the production topology),
 #   SCRATCH (where run directories go; default /tmp/harness-gpu), STEP_TIMEOUT (seconds per step, 420),
 #   REPLAY_SP / REPLAY_KV (replay: SP degrees and K lengths), REPLAY_BACKENDS (replayfa3),
+#   TEL_HZ / TEL_ROUNDS (step telemetry: the NVML rate, default 10, and off/on pairs, default 2; CAND adds candidates),
 #   ARMS (arms: space-separated NAME=ID[+ID…], each A/B'd against one shared baseline in one engine;
 #   with ROUNDS / CHUNKS / LAUNCHES — ≥ 2 fresh processes give every arm a verdict), CAND (benchcand: '+'-joined candidates; DiT only, with a kernel breakdown).
 # One-GPU steps can run side by side on a multi-GPU host, each with its own GPU and scratch folder:
@@ -31,6 +32,28 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__)" > "$SCRATCH/versions.txt" 2>&1
 step() { local name=$1; shift; echo "=== $name: $*"; local t0=$SECONDS; timeout "${STEP_TIMEOUT:-420}" "$@" > "$SCRATCH/$name.log" 2>&1; echo "rc=$? ${name} $((SECONDS-t0))s" | tee -a "$SCRATCH/steps.txt"; tail -n 12 "$SCRATCH/$name.log"; }
 need() { for v in "$@"; do [ -n "${!v:-}" ] || { echo "step $s needs $v: skipped" | tee -a "$SCRATCH/steps.txt"; return 1; }; done; }
+telemetry_pairs() {
+  local cand=${CAND:+$(tr '+' '\n' <<< "$CAND" | sed 's/^/--candidate /')} tag=${CAND:+-${CAND//[:+]/_}} r dirs=()
+  for r in $(seq 1 "${TEL_ROUNDS:-2}"); do
+    for arm in off on; do
+      local d="$SCRATCH/telemetry-$RES-$M$tag-$arm-$r"; dirs+=("$d")
+      step "telemetry-$RES-$M$tag-$arm-$r" $H serve --preset lingbot-$RES --device cuda --mode "$M" --sessions "${SESSIONS:-4}" \
+        $cand $([ $arm = on ] && echo --telemetry "${TEL_HZ:-10}") --out "$d" --no-progress
+    done
+  done
+  python3 - "${dirs[@]}" <<'PY' | tee "$SCRATCH/telemetry-$RES-$M$tag.txt"
+import json, sys
+for d in sys.argv[1:]:
+    try:
+        s = json.load(open(f"{d}/summary.json"))
+    except OSError:
+        print(d, "no summary"); continue
+    t, h = s.get("telemetry") or {}, s["headline"]
+    print(d.rsplit("/", 1)[-1], "interval P50 ms", h.get("p50_ms"), "J/frame", t.get("energy_per_frame_j"),
+          "W", t.get("power_mean_w"), "flags", s.get("flags"))
+PY
+}
+
 omni_pair() {
   local srv="$SCRATCH/omni-server-$RES-$M" cli="$SCRATCH/omni-client-$RES-$M" log="$SCRATCH/omni-server-$RES-$M.log" url=""
   local w=${RES#*x} h=${RES%x*}
@@ -68,6 +91,8 @@ for s in $STEPS; do
     report)   step report $H report $(ls -d "$SCRATCH"/serve-*/ 2>/dev/null) --out "$SCRATCH/report" ;;
     gate)     need GATE_A GATE_B && step "gate-$GATE_A-vs-$GATE_B" $H gate "$SCRATCH/$GATE_A" "$SCRATCH/$GATE_B" ${GATE_EXACT:+--exact} --json "$SCRATCH/gate-$GATE_A-vs-$GATE_B.json" ;;
     gputests) step gpu-tests python3 -m pytest -q -p no:cacheprovider tests/candidates/test_h4a_fused_output.py tests/candidates/test_h4b_pinned_d2h.py tests/hooks/test_hooks_cuda.py tests/engine/test_dit_cuda_nosync.py ;;
+    condition) step condition python3 -m harness gpu-checks condition --json "$SCRATCH/condition.json" ;;
+    vaelayout) step vae-layout python3 -m harness gpu-checks vae-layout --json "$SCRATCH/vae-layout.json" ;;
     h4)       step h4-output python3 -m harness gpu-checks output --json "$SCRATCH/h4-output.json" ;;
     dit)      step dit-compiled python3 -m harness gpu-checks dit --variants "${VARIANTS:-engine}" --json "$SCRATCH/dit-compiled.json" ;;
     det)      step determinism python3 -m harness gpu-checks determinism --json "$SCRATCH/determinism.json" ;;
@@ -93,6 +118,9 @@ for s in $STEPS; do
     # action-to-photon over Case D, Case E and H5a (one serve --listen each); PLAYER: the trace
     interactive) step interactive-$RES-$M $H scenario interactive --preset lingbot-$RES --device cuda --mode "$M" \
                 --player "${PLAYER:-random:0}" --chunks "${CHUNKS:-10}" --out "$SCRATCH/interactive-$RES-$M" ;;
+    # NVML telemetry (J/frame, mean power, throttling) on the 480x832 preset, and its overhead: serves with
+    # telemetry off and on alternated (off on off on …), then their steady interval P50 and J/frame side by side
+    telemetry) telemetry_pairs ;;
     *) echo "unknown step $s" ;;
   esac
 done

@@ -29,6 +29,9 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chunks", type=int, help="chunks per session (default from the preset)")
     g.add_argument("--seed", type=int)
     g.add_argument("--hooks", default="", help="comma list: nvtx,dispatch,trace,profile[=A:B],capture[=BUDGET]")
+    g.add_argument("--telemetry", type=float, metavar="HZ",
+                   help="sample every GPU through NVML HZ times a second into the run directory (energy per frame, "
+                        "throttling; CUDA only, needs harness[gpu]; default off)")
     g.add_argument("--sp", type=int, help="DiT sequence-parallel ranks")
     g.add_argument("--vae-ranks", type=int, help="VAE width-sharded ranks")
     g.add_argument("--device", choices=["cpu", "cuda"])
@@ -86,6 +89,7 @@ def resolve_config(args: argparse.Namespace) -> HarnessConfig:
         runtime={
             "scheduler": args.scheduler, "mode": args.mode, "sessions": args.sessions, "seed": args.seed,
             "device": args.device, "encoder": args.encoder, "sink": args.sink, "ring_slots": args.ring_slots,
+            "telemetry_hz": getattr(args, "telemetry", None),
         },
     )
     backends.check(cfg)  # e.g. the install command, before anything else happens
@@ -98,7 +102,8 @@ def resolve_config(args: argparse.Namespace) -> HarnessConfig:
 _OPTION_FIELDS = {"scheduler": "runtime.scheduler", "mode": "runtime.mode", "device": "runtime.device",
                   "encoder": "runtime.encoder", "sink": "runtime.sink", "ring_slots": "runtime.ring_slots",
                   "sessions": "runtime.sessions", "seed": "runtime.seed", "sp": "parallel.sp",
-                  "vae_ranks": "parallel.vae_ranks", "chunks": "video.chunks_per_session"}
+                  "vae_ranks": "parallel.vae_ranks", "chunks": "video.chunks_per_session",
+                  "telemetry": "runtime.telemetry_hz"}
 
 
 def explicit_fields(args: argparse.Namespace) -> dict[str, str]:

@@ -172,3 +172,12 @@ def manifest(cfg, *, candidates, hooks, placement, devices, extra=None) -> dict:
         "versions": versions(),
         **(extra or {}),
     }
+
+
+def host_load() -> list[float] | None:
+    """The 1-, 5- and 15-minute load averages (None where the platform has none): a busy host
+    slows every stage, so the setting line shows it beside the figures."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None

@@ -27,7 +27,7 @@ from harness.config import VAE_TEMPORAL, HarnessConfig
 from harness.drivers.driver import Driver, SessionResult
 from harness.drivers.launcher import LocalLauncher, mps_running, shared_gpus, sharing_warning
 from harness.drivers.ray_launcher import RayLauncher
-from harness.drivers.rundir import manifest, new_run_dir, release_reserve, write_json, write_jsonl
+from harness.drivers.rundir import host_load, manifest, new_run_dir, release_reserve, write_json, write_jsonl
 from harness.drivers.runstate import owner_record, reap_dead_rings, release_claim
 from harness.drivers.signals import ending, starting
 from harness.drivers.signals import received as signals_received
@@ -35,11 +35,13 @@ from harness.engine import backends
 from harness.engine.attention import check_backend
 from harness.errors import HarnessError, RunFailed
 from harness.hooks import DRIVER_REPORT, parse_hooks, trace_report
+from harness.hooks.telemetry import check_telemetry
 from harness.hooks.trace import write_trace
 from harness.limits import check_fits
 from harness.measure.events import ChunkEvent, read_events
 from harness.measure.metrics import Window, window_for
-from harness.measure.summary import SUMMARY_FILE, build_summary, run_summary
+from harness.measure.summary import DEFAULT_REFERENCE, SUMMARY_FILE, build_summary, run_summary
+from harness.measure.telemetry import run_telemetry
 from harness.pipeline.encoder import encoder_class
 from harness.pipeline.ring import FrameRing
 from harness.workers.encoder_worker import check_sink_spec
@@ -146,6 +148,7 @@ def _preflight(cfg: HarnessConfig, opts: ServeOptions) -> tuple[HarnessConfig, S
     """Everything refused before anything is allocated or started; the configured config, the
     options with their hooks resolved, and the memory estimate."""
     backends.check(cfg)  # e.g. --engine vllm-omni without the extra: the install command, now
+    check_telemetry(cfg.runtime.telemetry_hz, cfg.runtime.device)  # no GPU, no NVML: one line, before any process
     cfg = configure(opts.candidates, cfg)  # refuses unknown/conflicting/inapplicable ids before anything starts
     check_sink_spec(cfg.runtime.sink)  # a bad sink fails here, not as a dead encoder after launch
     encoder_class(cfg.runtime.encoder, cfg.runtime.container)  # likewise an unknown encoder (for its container)
@@ -270,15 +273,6 @@ def _record_placement(man: dict, launcher, cfg: HarnessConfig) -> None:
             print(note, file=sys.stderr)
 
 
-def host_load() -> list[float] | None:
-    """The 1-, 5- and 15-minute load averages (None where the platform has none): a busy host
-    slows every stage, so the setting line shows it beside the figures."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
 def cpu_sharing_note(cfg: HarnessConfig) -> str | None:
     """Case E on CPU: the DiT and VAE ranks are processes sharing the host's cores, as ranks on one
     GPU without MPS share it, so decode overlaps the DiT only as far as spare cores allow."""
@@ -345,6 +339,9 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
     run = dict(status=status, error=error or None, hooks=list(opts.hooks), candidates=list(opts.candidates),
                probes=probes, sessions_completed=len(results), stalls=list(stalls),
                stall_report_s=cfg.runtime.stall_report_s, protocol=opts.protocol.get("name", "timing"))
+    if cfg.runtime.telemetry_hz:
+        tel = run_telemetry(run_dir, events, starts, window, cfg.runtime.telemetry_hz, DEFAULT_REFERENCE)
+        run["telemetry"] = None if tel is None else msgspec.to_builtins(tel)
     summary = run_summary(figures, **run)
     if opts.summary_extra is not None and events:
         try:

@@ -52,6 +52,8 @@ class SessionKV:
     slot: int | None = None  # window layout: the first block of the session's slot
     #: window layout: the visible blocks as a slice of the pool (a view, no index)
     visible_span: slice | None = None
+    #: window layout: the chunk in flight's blocks as a slice (the pool write is a plain copy)
+    current_span: slice | None = None
 
     @property
     def blocks(self) -> int:
@@ -139,6 +141,8 @@ class PagedKVCache:
         s.visible_blocks = len(visible)
         if s.layout == "window":
             s.visible_span = slice(s.slot, s.slot + len(visible))
+            first = s.frames[s.pending[0]][0]
+            s.current_span = slice(first, first + len(s.pending) * self.blocks_per_frame)
 
     def _begin_paged_chunk(self, s: SessionKV, frames: int, recent: int) -> None:
         for f in s.pending:  # a chunk that never committed (cancelled mid-chunk) is dropped
@@ -208,7 +212,7 @@ class PagedKVCache:
                 self._release(blocks)
         s.frames.clear()
         s.pending = []
-        s.visible_ids = s.current_ids = s.visible_span = None
+        s.visible_ids = s.current_ids = s.visible_span = s.current_span = None
         s.visible_blocks = 0
         s.closed = True
         self._sessions.pop(s.sid, None)
@@ -221,6 +225,10 @@ class PagedKVCache:
     def write(self, layer: int, s: SessionKV, k: Tensor, v: Tensor) -> None:
         """k, v: (tokens of the chunk in flight, local_heads, head_dim), already RoPE-rotated."""
         shape = (-1, self.block_size, *k.shape[1:])
+        if s.current_span is not None:  # contiguous positions: a copy at memory speed, no index kernel
+            self.k[layer][s.current_span].copy_(k.reshape(shape))
+            self.v[layer][s.current_span].copy_(v.reshape(shape))
+            return
         self.k[layer].index_copy_(0, s.current_ids, k.reshape(shape))
         self.v[layer].index_copy_(0, s.current_ids, v.reshape(shape))
 

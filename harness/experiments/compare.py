@@ -61,6 +61,7 @@ from harness.measure import metrics as M
 from harness.measure import stats as S
 from harness.measure.events import ChunkEvent, SessionStart, read_run
 from harness.measure.gates import gate
+from harness.measure.setting import run_setting as setting_of_run
 
 SCHEMA = 2
 BOUNDARIES: tuple[str, ...] = ("cpu_ready", "encoded", "delivered")
@@ -162,6 +163,8 @@ class CompareResult(msgspec.Struct, frozen=True):
     setting: dict = msgspec.field(default_factory=dict)
     #: --until-resolved: the plan (max rounds, margin, looks and their levels) and how it ended
     sequential: dict | None = None
+    #: the setting line (``measure.setting``) of each arm's first launch, by arm: what compare.md prints
+    setting_lines: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 def run_setting(manifest: dict) -> dict:
@@ -513,6 +516,7 @@ def analyze(
         stopped_early=stopped_early,
         setting=run_setting(a0.manifest),
         sequential=sequential,
+        setting_lines={r.arm: setting_of_run(r.dir, r.manifest) for r in (a0, runs_b[0])},
     )
 
 

@@ -53,6 +53,8 @@ def render_md(res) -> str:
         + f", order {res.order}" + (f"; stopped early: {res.stopped_early}" if res.stopped_early else ""),
         f"- protocol per launch: {res.protocol.get('name', 'timing')}, {res.protocol.get('sessions', '?')} sessions "
         f"(1 warm-up), {res.protocol.get('chunks_per_session', '?')} chunks, window {_window_text(res.protocol.get('window'))}",
+        *[f"- {'baseline' if arm == 'A' else 'candidate'} ({arm}, first launch): `{line}`"
+          for arm, line in sorted(res.setting_lines.items())],
         f"- verdict: {res.method}",
         f"- interval: {S.level_text(1 - lv['level'])} (the nominal level of this look); equivalent = "
         f"within 1 ± {lv['margin']:g}",

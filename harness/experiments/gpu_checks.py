@@ -2,6 +2,8 @@
 
     python -m harness gpu-checks output  [--json F]   # H4a + H4b: exactness, convert+D2H times
     python -m harness gpu-checks vae     [--json F]   # H3a: compiled vs eager decode
+    python -m harness gpu-checks vae-layout [--json F] # cuDNN autotuning, whole-chunk steps, NDHWC, bf16
+    python -m harness gpu-checks condition [--json F]  # the image condition's encoder passes per chunk
     python -m harness gpu-checks dit     [--json F] [--chunks 7] [--compile-mode M]
                                                                   # compiled vs eager DiT (+ H2a)
     python -m harness gpu-checks determinism [--json F] [--chunks 3]
@@ -38,6 +40,7 @@ from harness.engine.dit_engine import DitEngine
 from harness.engine.groups import RankGroup
 from harness.engine.vae_engine import VaeEngine
 from harness.errors import HarnessError
+from harness.experiments.vae_probe import check_condition, check_vae_layout
 from harness.measure.gates import latent_metrics, latent_passes, pixel_metrics, pixel_passes
 from harness.pipeline.ring import FrameRing
 from harness.workers.common import set_deterministic
@@ -384,6 +387,10 @@ def main(a) -> int:
         report = check_output()
     elif a.check == "vae":
         report = check_vae(a.chunks or 6, a.compile_mode or "default")
+    elif a.check == "vae-layout":
+        report = check_vae_layout(a.chunks or 6)
+    elif a.check == "condition":
+        report = check_condition(a.chunks or 12)
     elif a.check == "dit":
         report = check_dit(a.chunks or 7, a.compile_mode, h2a=not a.no_h2a, variants=tuple(a.variants.split(",")))
     elif a.check == "colocate":

@@ -27,7 +27,8 @@ from harness.hooks import parse_hooks
 from harness.measure import figures as F
 from harness.measure import tails
 from harness.measure.headline import run_headline
-from harness.measure.metrics import window_for
+from harness.measure.metrics import steady_intervals, window_for
+from harness.measure.slices import SliceSpec, slices
 from harness.serving.omni_server import omni_listen_main
 from harness.serving.server import listen_main
 
@@ -84,9 +85,30 @@ def summary_extra(proto: Protocol):
 
     def long_tail(events, sessions, window) -> dict:
         t = tails.tail_summary(events, sessions, window, reference=proto.reference, boundaries=TAIL_BOUNDARIES, k=proto.slowest)
-        return {"long_tail": msgspec.to_builtins(t)}
+        return {"long_tail": msgspec.to_builtins(t), "slices": msgspec.to_builtins(tail_slices(events, sessions, window, proto.reference))}
 
     return long_tail
+
+
+#: the long-tail protocol's time slices: 25 measured sessions each (250 sessions: 10 slices)
+LONG_TAIL_SLICE = SliceSpec("sessions", 25)
+
+
+def tail_slices(events, sessions, window, reference: str):
+    """The steady intervals at ``reference`` per slice of measured sessions (in session order), drift flagged."""
+    per = [[v / 1e6 for v in s] for s in steady_intervals(events, reference, window, sessions).per_session()]
+    return slices([float(i) for i in range(len(per))], per, LONG_TAIL_SLICE, figure=f"interval P50 ms @ {reference}")
+
+
+def slice_lines(summary: dict) -> list[str]:
+    sl = summary.get("slices")
+    if not sl or not sl["slices"]:
+        return []
+    out = [f"  {F.label('slice_p50')} per {sl['spec']['size']:g} sessions (run {sl['run_p50_ms']:.1f} "
+           f"[{sl['run_low_ms']:.1f}, {sl['run_high_ms']:.1f}]): "
+           + ", ".join(f"{x['p50_ms']:.1f}{' (' + F.label('slice_drifted') + ')' if x['drifted'] else ''}"
+                       for x in sl["slices"] if x["p50_ms"] is not None)]
+    return out
 
 
 def serve_options(proto: Protocol, opts: ServeOptions) -> ServeOptions:
@@ -115,7 +137,7 @@ def protocol_lines(summary: dict, top: int = 3) -> list[str]:
                 *F.console_table(tails.SLOWEST_COLUMNS, slow, indent="    ")]
     if lt["culprits"]:
         out.append(f"  {F.label('culprits')}: " + ", ".join(f"{k} {v}" for k, v in lt["culprits"].items()))
-    return out
+    return out + slice_lines(summary)
 
 
 def main(args) -> int:

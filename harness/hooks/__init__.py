@@ -21,7 +21,8 @@ Grammar: comma-separated items, each ``name`` or ``name=value``:
 
 Modules: ``spec`` (the grammar, ``HookSet``; no torch, re-exported here), ``active``
 (``activate``: switches a set on in a worker), ``context`` (the phase scopes the engine marks),
-``registries`` (the op tables the engine lends to ``capture``), one module per hook. This package
+``registries`` (the op tables the engine lends to ``capture``), one module per hook; ``telemetry``
+(the NVML sampler of ``--telemetry HZ``, a setting of the run rather than a ``--hooks`` item). This package
 imports neither torch nor nvtx: ``harness.hooks.active`` loads what a set needs.
 """
 

@@ -74,7 +74,7 @@ _TABLE: tuple[Figure, ...] = (
            formula="the shortest steady interval"),
     Figure(name="interval_mean", label="interval mean ms", keys=("mean_ms",), unit="ms", where="summary.dist",
            formula="mean steady interval"),
-    Figure(name="fps_mean", label="FPS (mean interval)", keys=("fps_steady",), unit="frames/s", where="metrics.steady_fps",
+    Figure(name="fps_mean", label="FPS mean", keys=("fps_mean",), unit="frames/s", where="metrics.steady_fps",
            formula="Σ frames ÷ Σ intervals over the steady window = mean frames per chunk ÷ mean interval "
                    "(the rate a viewer sees; not frames ÷ P50)"),
     Figure(name="fps_median", label="FPS at interval P50", keys=("fps_median",), unit="frames/s",
@@ -193,6 +193,39 @@ _TABLE: tuple[Figure, ...] = (
            formula="DiT FLOPs of a steady chunk (bench-engine --json) ÷ GPU-event DiT P50 ÷ (bf16 dense peak × SP ranks)"),
     Figure(name="vae_mfu", label="VAE decode MFU (TF32 dense)", unit="%", where="production.mfu",
            formula="VAE conv FLOPs of a chunk (bench-engine --json) ÷ GPU-event decode P50 ÷ (TF32 dense peak × VAE ranks)"),
+    # ---- the viewer's session table (client, harness API: serving/client.py) --------------------
+    Figure(name="client_seed", label="seed", unit="—", where="playout.SESSION_COLUMNS",
+           formula="the session's seed (--seed + the session's index in this client run)"),
+    Figure(name="client_outcome", label="outcome", unit="—", where="playout.SESSION_COLUMNS",
+           formula="how the session ended at the client: complete, cancelled, disconnected, error, busy (refused: the "
+                   "server was serving another) or closed"),
+    Figure(name="client_chunks", label="chunks", unit="chunks", where="playout.SESSION_COLUMNS",
+           formula="chunks received / chunks the session asked for"),
+    Figure(name="client_frames", label="frames", unit="frames", where="playout.playout",
+           formula="pixel frames received (and played out) in the session"),
+    Figure(name="client_ttfc", label="TTFC ms", unit="ms", where="playout.session_ttfc_ms",
+           formula="client clock: the first chunk's media read − the start sent (TTFC at the client's receipt, "
+                   "before playout; the server's summary takes TTFC at its own boundaries)"),
+    Figure(name="client_underruns", label="underruns", keys=("underruns",), unit="stalls", where="playout.playout",
+           formula="times the player (started once its prebuffer arrived, then one frame per 1/fps) reached a frame "
+                   "not yet arrived; consecutive late frames are one underrun"),
+    Figure(name="client_stall", label="stall ms", unit="ms", where="playout.playout",
+           formula="Σ time the player waited for late frames"),
+    Figure(name="client_continuous", label="cont.play", unit="%", where="playout.playout",
+           formula="continuous-play ratio: play time ÷ (play time + stall time); 100 % = never stalled"),
+    Figure(name="client_read_fps", label="read fps", unit="frames/s", where="playout.read_fps",
+           formula="frames of chunks 1… ÷ (last chunk's receipt − first chunk's receipt), client clock: the rate the "
+                   "media arrived at (chunk 0 opens the span, so its frames are not counted)"),
+    # ---- GPU telemetry (--telemetry HZ: NVML samples, measure.telemetry) ----------------------
+    Figure(name="energy_per_frame", label="energy J/frame", keys=("energy_per_frame_j",), unit="J/frame",
+           where="telemetry.summarize",
+           formula="Σ over steady intervals (cpu_ready(i−1), cpu_ready(i)] and GPUs of ∫ power dt (trapezoid through the "
+                   "NVML readings, interpolated at the interval's ends) ÷ Σ frames of those intervals; an interval the "
+                   "readings do not cover is left out (intervals_uncovered)"),
+    Figure(name="power_mean", label="GPU power mean W", keys=("power_mean_w",), unit="W", where="telemetry.summarize",
+           formula="the same energy ÷ Σ time of the same steady intervals: the mean power of all the run's GPUs together"),
+    Figure(name="telemetry_gpus", label="GPUs sampled", keys=("gpus",), unit="GPUs", where="telemetry.by_gpu",
+           formula="distinct GPUs (NVML UUID) the samples came from; a GPU sampled by two processes is one series"),
     # ---- action-to-photon (a player session: client --player, scenario interactive; DESIGN §4) ---
     Figure(name="arm", label="arm", unit="—", where="interaction.A2PSummary",
            formula="the server configuration the player session ran against (scheduler, candidate)"),
@@ -243,6 +276,52 @@ _TABLE: tuple[Figure, ...] = (
     Figure(name="a2p_parts_sum", label="Σ parts ms", unit="ms", where="interaction.event_parts",
            formula="uplink + boundary wait + generation + decode + encode + transport + playout buffer = the mean "
                    "A2P at playout (means add up; medians do not)"),
+    # ---- open-loop load (``load``; measure/goodput.py, measure/slices.py, measure/pareto.py) -------
+    Figure(name="load_index", label="arrival", keys=("index",), unit="—", where="goodput.LoadRecord",
+           formula="the session's place in the arrival order, from 0 (load.jsonl)"),
+    Figure(name="load_outcome", label="arrival outcome", keys=("outcome",), unit="—", where="goodput.OUTCOMES",
+           formula="served (ran to its end), refused (busy), queue_timeout (not admitted within --queue-timeout), "
+                   "failed (anything else); every arrival gets one"),
+    Figure(name="load_queue_wait", label="queue wait ms", keys=("queue_wait_ms", "queue_wait_p50_ms", "queue_wait_max_ms"),
+           unit="ms", where="goodput.LoadRecord",
+           formula="start sent → started read (client clock): the server's admission, its queue included"),
+    Figure(name="load_ttfc", label="TTFC incl. queue ms", keys=("ttfc_ms", "ttfc_p50_ms", "ttfc_p99_ms"), unit="ms",
+           where="goodput.LoadRecord",
+           formula="start sent → chunk 0's media read (client clock), the admission queue included; run: nearest rank over served sessions"),
+    Figure(name="load_interval_p50", label="session interval P50 ms", keys=("interval_p50_ms",), unit="ms",
+           where="goodput.session_interval_p50",
+           formula="the session's own cadence: nearest-rank median of its delivery intervals (media read, chunk 1 on)"),
+    Figure(name="load_continuous", label="continuous play", keys=("continuous_ratio", "continuous_p50"), unit="%",
+           where="goodput.LoadRecord",
+           formula="play time ÷ (play time + stall time) of the client's paced player (serving.client.playout) at the stream's fps"),
+    Figure(name="load_meets_slo", label="meets SLO", keys=("meets_slo", "meeting_slo"), unit="—", where="goodput.meets",
+           formula="served, TTFC incl. queue ≤ the SLO's ttfc and continuous play ≥ its play (--slo)"),
+    Figure(name="load_offered", label="offered load", keys=("offered_per_min", "nominal_per_min"), unit="sessions/min",
+           where="goodput.load_summary",
+           formula="arrivals ÷ the run's span (first arrival → last session ended); nominal: the process's own rate"),
+    Figure(name="load_served", label="served load", keys=("served_per_min",), unit="sessions/min",
+           where="goodput.load_summary", formula="sessions served to their end ÷ the run's span"),
+    Figure(name="load_refused", label="refused share", keys=("refused_share", "outcomes"), unit="%",
+           where="goodput.load_summary", formula="arrivals the server answered busy ÷ arrivals"),
+    Figure(name="load_goodput", label="goodput", keys=("goodput", "per_min", "low", "high"), unit="sessions/min",
+           where="goodput.goodput",
+           formula="sessions meeting the SLO ÷ the run's span; 95 % interval: Clopper–Pearson on the meeting share "
+                   "× arrivals per minute (the open-loop rate, taken as exact)"),
+    Figure(name="load_early_stop", label="early stop", keys=("early_stop", "stopped_early", "stop_reason"), unit="—",
+           where="goodput.early_stop",
+           formula="MLPerf LoadGen's binomial bound, both sides: 'share meeting the SLO ≥ P' decided met when "
+                   "P(Binom(n, 1−P) ≤ misses) ≤ 0.01, missed when P(Binom(n, 1−P) ≥ misses) ≤ 0.01; arrivals stop then"),
+    Figure(name="slice_p50", label="slice interval P50 ms", keys=("p50_ms", "low_ms", "high_ms"), unit="ms",
+           where="slices.slices",
+           formula="per slice (--slice sessions:N | seconds:T of arrivals), the nearest-rank P50 of its served sessions' "
+                   "delivery intervals with a 95 % session-bootstrap interval"),
+    Figure(name="slice_drifted", label="drifted", keys=("drifted",), unit="flag", where="slices.drifted",
+           formula="the slice's P50 lies beyond the run's P50 interval and the slice's own interval does not reach back into it"),
+    Figure(name="sweep_goodput_per_gpu", label="goodput per GPU", keys=("goodput_per_gpu",), unit="sessions/min/GPU",
+           where="goodput.goodput", formula="a sweep point's goodput ÷ (replicas × --gpus-per-replica)"),
+    Figure(name="sweep_pareto", label="Pareto", keys=("pareto",), unit="flag", where="pareto.pareto_front",
+           formula="no other sweep point has both a lower-or-equal cost (TTFC P50 or interval P99) and a higher-or-equal "
+                   "goodput per GPU, one strictly"),
 )
 
 #: The validity flags of ``summary.json`` (``summary.flags_and_validity``; ``stalled`` from ``summary.run_summary``),
@@ -259,6 +338,9 @@ _FLAGS: tuple[tuple[str, str], ...] = (
     ("has_cancelled", "some sessions were cancelled: counted, but they give no sample"),
     ("order_violations", "some chunk's boundaries are out of order or recorded twice: the table contradicts itself (invalid)"),
     ("no_session_starts", "no session start was recorded: TTFC and rollout figures are absent"),
+    ("clocks_throttled", "--telemetry: NVML reported a clock-lowering reason (measure.telemetry.THROTTLING: power cap, "
+                         "thermal or hardware slowdown) on a GPU sample inside a steady interval; the reasons and their "
+                         "sample counts are summary.json's telemetry.throttle_reasons"),
     ("stalled", "a stage owing the driver a reply made no progress for runtime.stall_report_s (plus "
                 "runtime.compile_allowance_s on a compiled warm-up's first chunks); the stalls are listed in summary.json"),
 )

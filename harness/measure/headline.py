@@ -9,6 +9,7 @@ from pathlib import Path
 
 from harness.measure import figures as F
 from harness.measure.setting import flag_lines, run_setting
+from harness.measure.telemetry import telemetry_line
 
 #: the boundaries the headline has a row for, in data-flow order
 HEADLINE_BOUNDARIES = ("cpu_ready", "encoded", "delivered")
@@ -47,7 +48,7 @@ def headline(summary: dict, scheduler: str | None = None, mode: str | None = Non
             continue
         iv = b["intervals"]
         flagged |= iv["p99_is_max"]
-        rows.append([name, f"{b['fps_steady']:.2f}", "—" if b.get("fps_median") is None else f"{b['fps_median']:.2f}",
+        rows.append([name, f"{b['fps_mean']:.2f}", "—" if b.get("fps_median") is None else f"{b['fps_median']:.2f}",
                      f"{iv['p50_ms']:.1f}", f"{iv['p99_ms']:.1f}" + ("*" if iv["p99_is_max"] else ""),
                      _ms(ttfc.get(name)), str(iv["n"])])
     out = F.console_table(HEADLINE_COLUMNS, rows)
@@ -57,6 +58,8 @@ def headline(summary: dict, scheduler: str | None = None, mode: str | None = Non
     if h.get("p50_ms") is not None:
         out.append(f"  {F.label('handoff_p50', scheduler)}: {h['p50_ms']:.2f}")
     out += compile_lines(summary, mode)
+    tel = telemetry_line(summary.get("telemetry"))
+    out += [f"  {tel}"] if tel else []
     out.append(f"  {F.label('fps_mean')} = Σ frames ÷ Σ intervals; {F.label('fps_median')} = frames ÷ that interval; "
                "percentiles are nearest-rank; every figure is defined in report.md and the README (Figures)")
     if not summary.get("valid", True):

@@ -101,8 +101,8 @@ def production_rows(summary: dict, events: list[ChunkEvent], sessions: list[Sess
     def stage(name: str) -> float | None:
         return st[name]["durations"]["p50_ms"] if name in st and st[name]["durations"]["n"] else None
 
-    rows = [row("fps", b[k]["fps_steady"], prod.get("fps"), row_label("fps", at=k))
-            for k in ("cpu_ready", "encoded", "delivered") if k in b and b[k].get("fps_steady")]
+    rows = [row("fps", b[k]["fps_mean"], prod.get("fps"), row_label("fps", at=k))
+            for k in ("cpu_ready", "encoded", "delivered") if k in b and b[k].get("fps_mean")]
     rows.append(row("dit_ms", stage("dit"), prod.get("dit_ms")))
     steady, _, _ = M.steady_chunks(events, sessions, window)
     seg = [e.cpu_ready - e.latent_ready for e in steady if e.cpu_ready is not None and e.latent_ready is not None]

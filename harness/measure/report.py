@@ -48,7 +48,8 @@ from harness.measure import tails as T
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, read_run
 from harness.measure.stages import INTERVALS, STAGE_NAMES, STAGES
 from harness.measure.setting import flag_lines, run_setting
-from harness.measure.summary import FLAG_STALLED, SCHEMA, SUMMARY_FILE, build_summary, dist
+from harness.measure.telemetry import TELEMETRY_FIGURES, telemetry_line
+from harness.measure.summary import FLAG_STALLED, FLAG_THROTTLED, RULE_SCHEMA, SUMMARY_FILE, build_summary, dist, upgrade_summary
 
 PLOT_BOUNDARIES: tuple[str, ...] = ("cpu_ready", "encoded", "delivered")
 #: Gantt lanes: the process that spends (and times) each segment. Only rank 0 of a DiT or VAE group
@@ -118,8 +119,8 @@ def load_view(run_dir: str | Path) -> RunView:
     events, sessions = read_run(d, tolerate_partial_tail=True)
     manifest = json.loads(read_bounded(d / "manifest.json", MAX_JSON_BYTES, "manifest")) if (d / "manifest.json").is_file() else {}
     if (d / SUMMARY_FILE).is_file():
-        summary = json.loads(read_bounded(d / SUMMARY_FILE, MAX_JSON_BYTES, "summary"))
-        if summary.get("schema", 0) < SCHEMA:  # figures of an older rule (e.g. fps_median): recomputed from events
+        summary = upgrade_summary(json.loads(read_bounded(d / SUMMARY_FILE, MAX_JSON_BYTES, "summary")))
+        if summary.get("schema", 0) < RULE_SCHEMA:  # figures of an older rule (e.g. fps_median): recomputed from events
             figures = build_summary(events, sessions, window=window_of(summary))
             summary = {**summary, **msgspec.to_builtins(figures), "flags": _kept_flags(summary, figures.flags)}
     else:
@@ -131,8 +132,8 @@ def load_view(run_dir: str | Path) -> RunView:
 
 
 def _kept_flags(old: dict, figures_flags: list[str]) -> list[str]:
-    """The recomputed figures' flags and the run's own (``stalled``), which events cannot show."""
-    return sorted(set(figures_flags) | ({FLAG_STALLED} & set(old.get("flags", []))))
+    """The recomputed figures' flags and the run's own (``stalled``, ``clocks_throttled``), which events cannot show."""
+    return sorted(set(figures_flags) | ({FLAG_STALLED, FLAG_THROTTLED} & set(old.get("flags", []))))
 
 
 def unique_labels(views: Sequence[RunView]) -> list[str]:
@@ -536,7 +537,7 @@ LONG_TAIL_FIGURES = ("tail_percentiles", "interval_p95", "culprits", *T.SLOWEST_
 #: Every figure a report can print; a report defines those it printed (``used_figures``).
 REPORT_FIGURES = tuple(dict.fromkeys(BOUNDARY_COLUMNS + HEADLINE_COLUMNS + TTFC_COLUMNS + STAGE_COLUMNS + HANDOFF_COLUMNS
                                      + BLOCKED_COLUMNS + ("p99_is_max",) + WARMUP_FIGURES + LONG_TAIL_FIGURES
-                                     + tuple(F.flag_figure(f) for f in F.FLAG_NAMES)))
+                                     + tuple(F.flag_figure(f) for f in F.FLAG_NAMES) + TELEMETRY_FIGURES))
 
 
 def _md_row(cells: list[str]) -> str:
@@ -554,10 +555,11 @@ def headline_section(view: RunView, label: str) -> list[str]:
     return [
         f"### {label}", "", f"`{view.setting}`" if view.setting else "(no manifest: setting unknown)", "",
         *F.header(HEADLINE_COLUMNS),
-        f"| {h.get('boundary', '?')} | {_f(h.get('fps_steady'), '{:.2f}')} | {_f(h.get('fps_median'), '{:.2f}')} | "
+        f"| {h.get('boundary', '?')} | {_f(h.get('fps_mean'), '{:.2f}')} | {_f(h.get('fps_median'), '{:.2f}')} | "
         f"{_f(h.get('p50_ms'))} | {_f(h.get('p99_ms'))}{'*' if h.get('p99_is_max') else ''} | "
         f"{_f(h.get('ttfc_p50_ms'))} | {h.get('n', 0)} |",
         "",
+        *([f"- {tel}", ""] if (tel := telemetry_line(s.get("telemetry"))) else []),
         *[f"- {line.strip()}" for line in flag_lines(s.get("flags", []))],
         *([""] if s.get("flags") else []),
     ]
@@ -596,7 +598,7 @@ def run_section(view: RunView, label: str) -> list[str]:
         iv = bs["intervals"]
         lines.append(f"| {b} | {iv['n']} | {bs['n_sessions']} | {_f(iv['p50_ms'])} | {_ci(bs['p50_ci_ms'])} | "
                      f"{_p99(iv)} | {_ci(bs['p99_ci_ms'])} | {_f(iv['max_ms'])} | "
-                     f"{_f(bs['fps_steady'], '{:.2f}')} | {_f(bs.get('fps_median'), '{:.2f}')} |")
+                     f"{_f(bs['fps_mean'], '{:.2f}')} | {_f(bs.get('fps_median'), '{:.2f}')} |")
     lines += ["", f"{F.label('p99_is_max')} {F.define('p99_is_max').formula}.", "", "Time to first chunk:", "",
               *F.header(TTFC_COLUMNS)]
     for b, d in s.get("ttfc", {}).items():
@@ -644,6 +646,8 @@ def used_figures(views: Sequence[RunView], production: bool = False) -> tuple[st
     if any((s.get("long_tail") or {}).get("slowest") for s in sums):
         names += [*T.SLOWEST_COLUMNS, "culprits"]
     names += [F.flag_figure(f) for f in F.FLAG_NAMES if any(f in s.get("flags", []) for s in sums)]
+    if any(s.get("telemetry") for s in sums):
+        names += TELEMETRY_FIGURES
     if production:
         names += [*P.COLUMNS, *P.FIGURE_OF.values()]
     return tuple(dict.fromkeys(names))

@@ -70,7 +70,7 @@ def setting_parts(manifest: dict, costs: dict[str, float] | None = None) -> list
         f"SP {par.get('sp', '?')} / VAE ranks {par.get('vae_ranks', '?')}",
         f"engine {engine}",
         "candidates " + ("+".join(cands) if cands else "none"),
-        _hooks(manifest, costs),
+        _hooks(manifest, costs) + (f" · telemetry {rt['telemetry_hz']:g} Hz" if rt.get("telemetry_hz") else ""),
         _load(manifest.get("host") or {}),
     ]
 

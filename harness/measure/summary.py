@@ -6,7 +6,7 @@ bumped when it changes.
 
 Every figure here is defined once, with its label and formula, in ``measure.figures`` (the
 keys below are its ``keys``); the report and the console print those labels. In short:
-``fps_steady`` is Σ frames ÷ Σ intervals (frames ÷ the *mean* interval), ``fps_median`` the
+``fps_mean`` is Σ frames ÷ Σ intervals (frames ÷ the *mean* interval), ``fps_median`` the
 frames ÷ interval of the nearest-rank median interval (the same sample as ``p50_ms``),
 percentiles are nearest-rank, ``stages[*].share`` is of the sum of stage means and
 ``share_of_interval`` of the mean steady interval (> 1 in total under Case E); ``warmup`` is the
@@ -27,12 +27,20 @@ from harness.limits import MAX_JSON_BYTES, read_bounded
 from harness.measure import metrics as M
 from harness.measure import stats as S
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, validate_events
+from harness.measure.goodput import LoadSummary
+from harness.measure.slices import SlicesSummary
 from harness.measure.stages import STAGES
 from harness.measure.tails import TailSummary
+from harness.measure.telemetry import TelemetrySummary
 
 #: 2: the headline gained fps_median (FPS P50 per interval) beside fps_steady
 #: 3: fps_median is the FPS of the interval-P50 sample; ``warmup`` (the compile figure) added
-SCHEMA = 3
+#: 4: ``fps_steady`` renamed ``fps_mean``, the name of its figure (``upgrade_summary`` reads the old key)
+SCHEMA = 4
+#: old summary key → the figure's key it was renamed to, in ``boundaries[*]`` and ``headline``
+RENAMED_KEYS = {"fps_steady": "fps_mean"}
+#: the last schema whose figures changed rule: a summary older than it is recomputed from its events
+RULE_SCHEMA = 3
 SUMMARY_FILE = "summary.json"
 DEFAULT_REFERENCE = "cpu_ready"
 MAX_LISTED_VIOLATIONS = 20
@@ -48,6 +56,8 @@ FLAG_ORDER = "order_violations"
 FLAG_NO_STARTS = "no_session_starts"
 #: the driver saw a stage stall (``RunSummary.stalls``)
 FLAG_STALLED = "stalled"
+#: NVML reported a clock-lowering reason inside the steady window (``RunSummary.telemetry``)
+FLAG_THROTTLED = "clocks_throttled"
 
 
 class Dist(msgspec.Struct, frozen=True):
@@ -68,7 +78,7 @@ class BoundarySummary(msgspec.Struct, frozen=True):
     skipped_nonpositive: int
     p50_ci_ms: tuple[float, float] | None
     p99_ci_ms: tuple[float, float] | None
-    fps_steady: float | None
+    fps_mean: float | None
     fps_median: float | None
 
 
@@ -134,7 +144,7 @@ class Headline(msgspec.Struct, frozen=True):
     """The reference boundary's figures, for the first line of a report."""
 
     boundary: str
-    fps_steady: float | None
+    fps_mean: float | None
     p50_ms: float | None
     fps_median: float | None = None
     p99_ms: float | None = None
@@ -220,7 +230,7 @@ def boundary_summary(sel: M.Selection, boot: BootstrapDef, block_length: int | N
         skipped_nonpositive=sel.skipped_nonpositive,
         p50_ci_ms=_ci_ms(per_session, 50, boot, block_length),
         p99_ci_ms=_ci_ms(per_session, 99, boot, block_length),
-        fps_steady=M.steady_fps(sel.samples),
+        fps_mean=M.steady_fps(sel.samples),
         fps_median=M.median_interval_fps(sel.samples),
     )
 
@@ -341,7 +351,7 @@ def flags_and_validity(events: Sequence[ChunkEvent], sessions: Sequence[SessionS
 def headline_of(reference: str, ref: BoundarySummary | None, ttfc: dict[str, Dist], counts: Counts) -> Headline:
     return Headline(
         boundary=reference,
-        fps_steady=ref.fps_steady if ref else None,
+        fps_mean=ref.fps_mean if ref else None,
         p50_ms=ref.intervals.p50_ms if ref else None,
         fps_median=ref.fps_median if ref else None,
         p99_ms=ref.intervals.p99_ms if ref else None,
@@ -433,6 +443,12 @@ class RunSummary(Summary, kw_only=True, omit_defaults=True):
     long_tail: TailSummary | None = None
     #: the protocol's addition failed: why (the run's own figures are kept)
     summary_extra_error: str | None = None
+    #: --telemetry: energy per frame, mean power, throttling over the steady window (measure.telemetry)
+    telemetry: TelemetrySummary | None = None
+    #: ``load``: offered and served load, outcomes, goodput against the SLO, early stopping
+    load: LoadSummary | None = None
+    #: ``load --slice``: the delivery-interval P50 per slice of the run, drift flagged
+    slices: SlicesSummary | None = None
 
 
 _RUN_FIELDS = frozenset(RunSummary.__struct_fields__) - frozenset(Summary.__struct_fields__)
@@ -440,13 +456,31 @@ _RUN_FIELDS = frozenset(RunSummary.__struct_fields__) - frozenset(Summary.__stru
 
 def run_summary(summary: Summary, **run: Any) -> RunSummary:
     """``summary`` with how the run went (``RunSummary``'s own fields, checked against their types;
-    a protocol's addition may come as plain JSON); a run with stalls gains the ``stalled`` flag."""
+    a protocol's addition may come as plain JSON); a run with stalls gains the ``stalled`` flag, one
+    whose GPUs throttled inside the steady window ``clocks_throttled``."""
     unknown = set(run) - _RUN_FIELDS
     if unknown:
         raise TypeError(f"summary.json has no field {', '.join(sorted(unknown))}")
-    flags = [*summary.flags, FLAG_STALLED] if run.get("stalls") else summary.flags
+    flags = [*summary.flags, FLAG_STALLED] if run.get("stalls") else list(summary.flags)
+    if (run.get("telemetry") or {}).get("throttled"):
+        flags.append(FLAG_THROTTLED)
     return msgspec.convert({**msgspec.to_builtins(summary), "flags": flags, **run}, RunSummary)
 
 
+def upgrade_summary(d: dict) -> dict:
+    """A summary of an older schema with its renamed keys under their figures' names (``RENAMED_KEYS``),
+    so old run directories read as new ones; the figures themselves are as they were computed."""
+    def renamed(x: dict) -> dict:
+        return {RENAMED_KEYS.get(k, k): v for k, v in x.items()} if isinstance(x, dict) else x
+
+    out = dict(d)
+    if isinstance(d.get("headline"), dict):
+        out["headline"] = renamed(d["headline"])
+    if isinstance(d.get("boundaries"), dict):
+        out["boundaries"] = {b: renamed(x) for b, x in d["boundaries"].items()}
+    return out
+
+
 def read_summary(path: str | Path) -> RunSummary:
-    return msgspec.json.decode(read_bounded(path, MAX_JSON_BYTES, "summary"), type=RunSummary)
+    raw = msgspec.json.decode(read_bounded(path, MAX_JSON_BYTES, "summary"))
+    return msgspec.convert(upgrade_summary(raw) if isinstance(raw, dict) else raw, RunSummary)

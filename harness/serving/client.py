@@ -36,7 +36,8 @@ from aiohttp import WSMsgType
 from harness.drivers.trajectory import actions_for
 from harness.errors import HarnessError
 from harness.measure.clock import now
-from harness.measure.figures import console_table
+from harness.measure.figures import console_table, define, label
+from harness.measure.playout import SESSION_COLUMNS, PlayStats, first_frame_playout, playout, read_fps, session_ttfc_ms
 from harness.measure.interaction import (LATENCY_COLUMNS, PARTS_COLUMNS, A2PSummary, ChunkRecord, EventOutcome,
                                          EventRecord, InteractionLog, invariants, latency_cells, outcomes, parts_cells,
                                          summarize)
@@ -45,63 +46,6 @@ from harness.pipeline.sinks import ensure_writable_dir
 from harness.serving import omni_protocol as O
 from harness.serving import protocol as W
 from harness.serving.player import TraceEvent, parse_trace
-
-
-class PlayStats(msgspec.Struct, frozen=True):
-    frames: int
-    prebuffer_frames: int
-    startup_ms: float | None  # session start → playback start (None: never started)
-    underruns: int
-    stall_ms: float
-    play_ms: float
-    continuous_ratio: float | None
-
-
-def _play(times: list[int], period: float, pre: int) -> tuple[list[float], float, int]:
-    """Each frame's play time (it plays when due, or on arrival after a stall), the stall time and
-    the underruns of a player that starts once ``pre`` frames have arrived."""
-    start = times[pre - 1]
-    stall, underruns, stalled_prev, plays = 0.0, 0, False, []
-    for k, t in enumerate(times):
-        due = start + k * period + stall
-        if t > due:
-            stall += t - due
-            underruns += 0 if stalled_prev else 1
-            stalled_prev = True
-        else:
-            stalled_prev = False
-        plays.append(start + k * period + stall)
-    return plays, stall, underruns
-
-
-def _prebuffer(times: list[int], prebuffer_frames: int) -> int:
-    return min(max(1, prebuffer_frames), len(times))
-
-
-def playout(arrivals: list[tuple[int, int]], fps: int, prebuffer_frames: int, t0_ns: int) -> PlayStats:
-    """``arrivals``: (frames, arrival ns) per chunk in order. Frames of a chunk arrive together."""
-    times = [t for n, t in arrivals for _ in range(n)]
-    if not times:
-        return PlayStats(0, prebuffer_frames, None, 0, 0.0, 0.0, None)
-    pre = _prebuffer(times, prebuffer_frames)
-    period = 1e9 / fps
-    _, stall, underruns = _play(times, period, pre)
-    play = len(times) * period
-    return PlayStats(len(times), pre, (times[pre - 1] - t0_ns) / 1e6, underruns, stall / 1e6, play / 1e6,
-                     play / (play + stall))
-
-
-def first_frame_playout(arrivals: list[tuple[int, int]], fps: int, prebuffer_frames: int) -> list[int]:
-    """When each chunk's first frame plays in the same playout model (ns, the arrivals' clock)."""
-    times = [t for n, t in arrivals for _ in range(n)]
-    if not times:
-        return []
-    plays, _, _ = _play(times, 1e9 / fps, _prebuffer(times, prebuffer_frames))
-    firsts, k = [], 0
-    for n, _ in arrivals:
-        firsts.append(round(plays[k]))
-        k += n
-    return firsts
 
 
 @dataclass
@@ -118,15 +62,27 @@ class ViewerOptions:
     action_timeout_s: float | None = None
     out_dir: Path | None = None
     receive_timeout_s: float = 300.0
+    #: no ``started`` within this many seconds of the start: leave (closing the connection, which the
+    #: server treats as a cancel) with the outcome ``queue_timeout``; None: wait as for any message
+    start_timeout_s: float | None = None
     #: a player session: these events are sent at their own times (from ``started``), and the
     #: server applies them at its chunk boundaries instead of asking for scripted actions
     player: tuple[TraceEvent, ...] | None = None
 
 
+async def sleep_unless(event: asyncio.Event, seconds: float) -> None:
+    """Sleep ``seconds`` or until ``event`` is set, whichever comes first."""
+    if seconds > 0:
+        try:
+            await asyncio.wait_for(event.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+
 class SessionReport(msgspec.Struct):
     seed: int
     chunks: int
-    outcome: str = ""  # complete | cancelled | disconnected | error | busy | closed
+    outcome: str = ""  # complete | cancelled | disconnected | error | busy | queue_timeout | closed
     session: int | None = None
     error: str = ""
     errors: list[str] = []  # non-fatal rejections the server sent
@@ -140,6 +96,7 @@ class SessionReport(msgspec.Struct):
     t_start_ns: int = 0
     t_first_media_ns: int | None = None
     t_end_ns: int = 0  # the session ended on our side (last message, error, close)
+    t_started_ns: int | None = None  # ``started`` read: the server admitted the session
     cancel_sent_ns: int | None = None
     play: PlayStats | None = None
     header_ns: list[int] = []  # when each header was read (client clock)
@@ -233,12 +190,7 @@ class _Viewer:
         """Send the trace's events at their own times, whatever the chunks are doing."""
         for ev in self.opts.player or ():
             planned = t0 + round(ev.t_s * 1e9)
-            wait = (planned - now()) / 1e9
-            if wait > 0:
-                try:
-                    await asyncio.wait_for(self.player_stop.wait(), wait)
-                except asyncio.TimeoutError:
-                    pass
+            await sleep_unless(self.player_stop, (planned - now()) / 1e9)
             if self.player_stop.is_set():
                 return
             sent = now()
@@ -271,11 +223,24 @@ class _Viewer:
         self.rep.outcome, self.rep.error = outcome, error
         return True
 
+    def _receive_timeout(self) -> tuple[float, bool]:
+        """How long the next read may wait, and whether that wait is the admission's (start timeout)."""
+        opts, rep = self.opts, self.rep
+        if opts.start_timeout_s is None or rep.started is not None:
+            return opts.receive_timeout_s, False
+        left = opts.start_timeout_s - (now() - rep.t_start_ns) / 1e9
+        return (max(left, 0.0), True) if left < opts.receive_timeout_s else (opts.receive_timeout_s, False)
+
     async def receive_all(self) -> None:
         while True:
+            timeout, admission = self._receive_timeout()
             try:
-                m = await self.ws.receive(timeout=self.opts.receive_timeout_s)
+                m = await self.ws.receive(timeout=timeout)
             except asyncio.TimeoutError:
+                if admission:
+                    self.fail("queue_timeout", f"not admitted within {self.opts.start_timeout_s:g} s of the start")
+                    await self.ws.close()
+                    return
                 self.fail("error", f"no message from the server for {self.opts.receive_timeout_s:g} s")
                 return
             if m.type == WSMsgType.TEXT:
@@ -322,6 +287,7 @@ class _Viewer:
     async def on_started(self, msg: W.Started) -> bool:
         rep, opts = self.rep, self.opts
         rep.started, rep.session, rep.chunks = msg, msg.session, msg.chunks
+        rep.t_started_ns = now()
         self.frames_per_chunk = msg.latent_frames_per_chunk
         if opts.out_dir is not None:
             opts.out_dir.mkdir(parents=True, exist_ok=True)
@@ -470,21 +436,33 @@ def verify_media(rep: SessionReport) -> str | None:
     return None
 
 
+TABLE_COLUMNS = SESSION_COLUMNS
+
+
+def _row(r: SessionReport) -> list[str]:
+    p, n = r.play, len(r.headers)
+    ttfc = session_ttfc_ms(r.t_start_ns, r.t_first_media_ns)
+    fps = read_fps([h.frames for h in r.headers], r.receipts_ns)
+    epoch = "-" if r.started is None else f"{r.started.epoch}" + (" warm-up" if r.started.epoch == 0 else "")
+    return ["-" if r.session is None else str(r.session), epoch, str(r.seed), r.outcome, f"{n}/{r.chunks}",
+            str(p.frames if p else 0), _f(ttfc), str(p.underruns if p else 0), _f(p.stall_ms if p else None),
+            _f(100 * p.continuous_ratio if p and p.continuous_ratio is not None else None, " %"), _f(fps)]
+
+
 def table(reports: list[SessionReport]) -> list[str]:
-    rows = [f"{'session':>7} {'seed':>5} {'outcome':<12} {'chunks':>7} {'frames':>6} {'TTFC ms':>8} "
-            f"{'underruns':>9} {'stall ms':>9} {'cont.play':>9} {'read fps':>8}"]
+    """One row per session, then what every column is (``measure.figures``) and which session was the
+    server's warm-up (epoch 0: not counted in the server's summary)."""
+    rows: list[list[str]] = []
     for r in reports:
-        p = r.play
-        n = len(r.headers)
-        ttfc = (r.t_first_media_ns - r.t_start_ns) / 1e6 if r.t_first_media_ns else None
-        span = (r.receipts_ns[-1] - r.receipts_ns[0]) / 1e9 if n > 1 else 0
-        fps = sum(h.frames for h in r.headers[1:]) / span if span else None
-        rows.append(f"{'-' if r.session is None else r.session:>7} {r.seed:>5} {r.outcome:<12} {n:>3}/{r.chunks:<3} "
-                    f"{p.frames if p else 0:>6} {_f(ttfc):>8} {p.underruns if p else 0:>9} {_f(p.stall_ms if p else None):>9} "
-                    f"{_f(100 * p.continuous_ratio if p and p.continuous_ratio is not None else None, '%'):>9} {_f(fps):>8}")
+        rows.append(_row(r))
         if r.error:
-            rows.append(f"        {r.outcome}: {r.error}")
-    return rows
+            rows.append(["", f"{r.outcome}: {r.error}"])
+    out = console_table(TABLE_COLUMNS, rows)
+    warm = [str(r.session) for r in reports if r.started is not None and r.started.epoch == 0]
+    if warm:
+        out.append(f"  session {', '.join(warm)} was the server's warm-up (epoch 0): served like any other, never "
+                   "counted in the server's summary")
+    return out + [f"  {label(n)}: {define(n).formula}" for n in TABLE_COLUMNS[1:]]
 
 
 def a2p_table(reports: list[SessionReport], first: str = "session") -> list[str]:

@@ -43,7 +43,7 @@ import msgspec
 import numpy as np
 from aiohttp import WSMsgType
 
-from harness.drivers.rundir import command_line, new_run_dir, versions, write_json, write_jsonl
+from harness.drivers.rundir import command_line, host_load, new_run_dir, versions, write_json, write_jsonl
 from harness.drivers.runstate import owner_record
 from harness.drivers.trajectory import actions_for
 from harness.errors import HarnessError
@@ -349,6 +349,7 @@ def client_manifest(w: Workload, status: str) -> dict:
                      "saved_epochs": list(SAVED_EPOCHS), "outputs": "pixels (decoded at the client; no latents)",
                      "media": "client", "boundaries": "delivered at the client; the server's only from the same host clock"},
         "versions": versions(),
+        "host": {"cpus": os.cpu_count(), "load_start": host_load()},  # a busy client host slows what it measures
     }
 
 
@@ -404,6 +405,7 @@ def finish(run_dir: Path, w: Workload, results: list[tuple[ClientSession, bytes]
                           sessions_completed=sum(r.outcome == "complete" for r in recs), stalls=[], stall_report_s=0.0,
                           protocol="client")
     write_json(run_dir / SUMMARY_FILE, summary)
+    man.setdefault("host", {})["load_end"] = host_load()
     man.update(status=status, error=error, ended=_dt.datetime.now(_dt.timezone.utc).isoformat(), summary=SUMMARY_FILE,
                server={"request_config": recs[0].config if recs else {},
                        "same_host_clock": any(c.server_boot_id == host for r in recs for c in r.chunks)})
@@ -444,11 +446,9 @@ def table(recs: list[ClientSession]) -> list[str]:
     return rows
 
 
-def main(args, url: str) -> int:
-    """``url``: the endpoint of ``--connect`` (``client.session_url`` at production's path)."""
-    w = workload(args, url)
-    run_dir, recs, summary = measure(w, args.out, getattr(args, "overwrite", False))
-    for line in table(recs):
+def print_run(lines: list[str], run_dir: Path, summary: dict) -> int:
+    """A measuring client's console end: its own lines, the run directory, the headline; 1 unless complete."""
+    for line in lines:
         print(line)
     print(f"run directory: {run_dir}")
     for line in headline(summary):
@@ -457,3 +457,10 @@ def main(args, url: str) -> int:
         print(f"error: {summary.get('error')}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(args, url: str) -> int:
+    """``url``: the endpoint of ``--connect`` (``client.session_url`` at production's path)."""
+    w = workload(args, url)
+    run_dir, recs, summary = measure(w, args.out, getattr(args, "overwrite", False))
+    return print_run(table(recs), run_dir, summary)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from harness.config import HarnessConfig
 from harness.engine.groups import RankGroup
 from harness.hooks.active import ActiveHooks, activate
+from harness.hooks.telemetry import Sampler, load_nvml, nvml_reader
 from harness.pipeline import messages as M
 
 Role = Literal["dit", "vae", "encoder"]
@@ -182,10 +183,46 @@ def hooks_on(spec: WorkerSpec, label: str):
     are off (the recorder's totals exist only then), however the loop ended."""
     hooks = activate(spec.hooks, out_dir=spec.run_dir, label=label)
     try:
-        with hooks:
+        with hooks, telemetry_on(spec, label):
             yield hooks
     finally:
         write_hook_report(spec, hooks)
+
+
+@contextmanager
+def telemetry_on(spec: WorkerSpec, label: str):
+    """This process's GPU sampled through NVML into ``telemetry.<label>.jsonl`` while the loop runs
+    (``runtime.telemetry_hz``; serve refused it up front where NVML cannot run). A process without
+    a GPU (the encoder) samples nothing."""
+    hz = spec.cfg.runtime.telemetry_hz
+    if not hz or not spec.device.startswith("cuda") or not spec.run_dir:
+        yield None
+        return
+    nvml = load_nvml()
+    device = torch.device(spec.device)
+    handle, uuid = nvml_device(nvml, device)
+    sampler = Sampler(nvml_reader(nvml, handle, uuid, device.index or 0), Path(spec.run_dir) / f"telemetry.{label}.jsonl", hz)
+    sampler.start()
+    try:
+        yield sampler
+    finally:
+        sampler.stop()
+        nvml.nvmlShutdown()
+
+
+def nvml_device(nvml, device: torch.device) -> tuple[object, str]:
+    """NVML's handle of this process's CUDA device and its UUID. CUDA and NVML number GPUs
+    differently once CUDA_VISIBLE_DEVICES is set, so the device is found by the UUID CUDA reports;
+    only where that fails, by its CUDA index (right when no devices are hidden)."""
+    uuid = getattr(torch.cuda.get_device_properties(device), "uuid", None)
+    if uuid is not None:
+        try:
+            return nvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}"), f"GPU-{uuid}"
+        except nvml.NVMLError:
+            pass
+    handle = nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+    got = nvml.nvmlDeviceGetUUID(handle)
+    return handle, got.decode() if isinstance(got, bytes) else str(got)
 
 
 @contextmanager

@@ -227,6 +227,11 @@ def test_compare_records_its_setting_and_verdicts_reads_it(h5a_compare):
     head = next(r for r in res["rows"] if r["boundary"] == "cpu_ready" and r["metric"].startswith("steady"))
     assert v.ratio == head["ab"]["value"] and v.noise_floor == head["noise_floor"]
     assert f"{tiny.model.num_layers} layers" in v.setting and "2 rounds × 2 measured sessions per launch" in v.setting
+    # compare.md says what ran, each arm by the setting line every headline carries (measure.setting)
+    md = (out / "compare.md").read_text()
+    for arm, who, cands in (("A", "baseline", "candidates none"), ("B", "candidate", "candidates H5a")):
+        line = next(x for x in md.splitlines() if x.startswith(f"- {who} ({arm}, first launch): `setting: "))
+        assert "preset tiny" in line and "mode eager" in line and cands in line and "host load" in line, line
 
 
 def test_compare_prints_the_gate_once():

@@ -120,4 +120,7 @@ def test_protocol_sessions_and_summary_extra(tables):
     slow = lines.index(next(l for l in lines if l.strip().startswith("# ")))
     first = re.split(r"\s{2,}", lines[slow + 1].strip())
     assert dict(zip(heads[1], first))[F.label("slow_grew")] == "decode" and first[:3] == ["1", "2", "6"]
-    assert lines[-1] == f"  {F.label('culprits')}: decode 1"
+    assert lines[-2] == f"  {F.label('culprits')}: decode 1"
+    # and the time slices (25 sessions each): this table's measured sessions make one, not drifted
+    assert [x["drifted"] for x in extra["slices"]["slices"]] == [False]
+    assert lines[-1].startswith(f"  {F.label('slice_p50')} per 25 sessions")

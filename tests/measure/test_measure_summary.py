@@ -3,10 +3,12 @@ import json
 import msgspec
 import pytest
 
+from harness.measure import figures as F
 from harness.measure import summary as SM
 from harness.drivers.rundir import write_json
 from harness.measure.events import BOUNDARIES, read_run, write_events, write_sessions
 from harness.measure.metrics import Window
+from harness.measure.report import load_view
 
 from helpers.events import MS
 
@@ -24,8 +26,8 @@ def test_known_figures(tables):
     assert ref.intervals.n == 20 and ref.n_sessions == 5
     assert ref.intervals.p50_ms == 100.0 and ref.intervals.p99_ms == 100.0 and ref.intervals.p99_is_max
     assert ref.p50_ci_ms == (100.0, 100.0)
-    assert ref.fps_steady == pytest.approx(120.0) and ref.fps_median == pytest.approx(120.0)
-    assert s.headline.fps_steady == pytest.approx(120.0) and s.headline.boundary == "cpu_ready"
+    assert ref.fps_mean == pytest.approx(120.0) and ref.fps_median == pytest.approx(120.0)
+    assert s.headline.fps_mean == pytest.approx(120.0) and s.headline.boundary == "cpu_ready"
     k = BOUNDARIES.index("cpu_ready")
     assert s.ttfc["cpu_ready"].p50_ms == pytest.approx(300 + 2 * k)
     assert s.headline.ttfc_p50_ms == pytest.approx(300 + 2 * k)
@@ -74,7 +76,7 @@ def test_flags(tables):
     s = SM.build_summary(nogpu, [sb], n_boot=50)
     assert SM.FLAG_REFERENCE_ABSENT in s.flags and not s.valid
     assert s.absent_boundaries == ["cpu_ready", "received"]
-    assert s.headline.fps_steady is None
+    assert s.headline.fps_mean is None
     assert SM.build_summary(nogpu, [sb], reference="delivered", n_boot=50).valid
 
 
@@ -109,9 +111,30 @@ def test_shape_is_stable_and_json_round_trips(tmp_path, tables):
                          stalls=[{"stage": "vae"}], stall_report_s=5.0, protocol="timing")
     write_json(tmp_path / SM.SUMMARY_FILE, run)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
-    assert on_disk["headline"]["fps_steady"] == pytest.approx(120.0)
+    assert on_disk["headline"]["fps_mean"] == pytest.approx(120.0)
     assert on_disk["flags"] == [*s.flags, SM.FLAG_STALLED] and "error" not in on_disk and "long_tail" not in on_disk
     assert SM.read_summary(tmp_path / "summary.json") == run
+
+
+def test_one_name_per_figure_and_an_old_summary_reads_under_it(tmp_path, tables):
+    """``fps_mean`` is the figure's name, its summary key and (spelled out) its label; a schema-3
+    summary.json that wrote it as ``fps_steady`` reads under the new key."""
+    assert F.define("fps_mean").keys == ("fps_mean",) and F.label("fps_mean") == "FPS mean"
+    events, starts = tables.run(3)
+    s = SM.run_summary(SM.build_summary(events, starts, n_boot=50), status="complete", hooks=[], candidates=[], probes={},
+                       sessions_completed=3, stalls=[], stall_report_s=5.0, protocol="timing")
+    old = msgspec.to_builtins(s)
+    old["schema"] = 3
+    old["headline"]["fps_steady"] = old["headline"].pop("fps_mean")
+    for b in old["boundaries"].values():
+        b["fps_steady"] = b.pop("fps_mean")
+    write_events(tmp_path / "events.jsonl", events)
+    write_sessions(tmp_path / "sessions.jsonl", starts)
+    (tmp_path / "summary.json").write_text(json.dumps(old))
+    back = SM.read_summary(tmp_path / "summary.json")
+    assert back.headline.fps_mean == pytest.approx(120.0) and back.boundaries["cpu_ready"].fps_mean == pytest.approx(120.0)
+    view = load_view(tmp_path)
+    assert view.summary["headline"]["fps_mean"] == pytest.approx(120.0) and "fps_steady" not in view.summary["headline"]
 
 
 def test_bootstrap_interval_reflects_session_spread(tables):

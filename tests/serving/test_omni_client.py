@@ -19,7 +19,7 @@ from harness.measure.events import BOUNDARIES, read_events, read_sessions, valid
 from harness.measure.gates import HashRecord, gate, save_pixels, write_hashes
 from harness.serving import omni_protocol as O
 from harness.serving.omni_client import (ChunkRecord, ClientSession, Workload, camera_action_script, chunk_events,
-                                         split_frames, start_message)
+                                         client_manifest, split_frames, start_message)
 from harness.serving.protocol import boot_id
 
 CHUNKS = 3
@@ -48,6 +48,11 @@ def test_event_rows_take_server_boundaries_only_from_this_hosts_clock():
     assert [e.present() for e in same] == [{"submit": 10, "encoded": 90, "delivered": 120}]
     assert [e.present() for e in other] == [{"delivered": 120}]  # another clock: not measured, never shifted
     assert [e.frames for e in same] == [9]  # the trailer is no chunk
+
+
+def test_the_client_manifest_records_the_hosts_load_as_a_serve_manifest_does():
+    host = client_manifest(Workload(url="ws://h:1/v1/realtime/video"), "running")["host"]
+    assert host["cpus"] >= 1 and len(host["load_start"]) == 3 and "load_end" not in host  # load_end: at finish
 
 
 def test_split_frames_cuts_at_the_announced_counts():
@@ -103,7 +108,9 @@ def test_client_run_matches_the_harness_servers_row_by_row(measured_harness_serv
     r, server, client = measured_harness_server
     print(r.stdout, r.stderr)
     assert r.returncode == 0, r.stderr
-    assert json.loads((client / "manifest.json").read_text())["status"] == "complete"
+    client_manifest_ = json.loads((client / "manifest.json").read_text())
+    assert client_manifest_["status"] == "complete"
+    assert len(client_manifest_["host"]["load_start"]) == len(client_manifest_["host"]["load_end"]) == 3  # as serve's
     assert json.loads((server / "manifest.json").read_text())["status"] == "complete"
     ce, se = read_events(client / "events.jsonl"), read_events(server / "events.jsonl")
     cs = read_sessions(client / "sessions.jsonl")

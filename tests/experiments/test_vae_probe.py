@@ -1,0 +1,27 @@
+"""The VAE probes of ``gpu-checks`` run on the CPU too: their figures are well-formed and their
+comparisons are against the reference variant's own pixels."""
+
+import math
+
+from harness.experiments.vae_probe import check_condition, check_vae_layout, psnr_db
+
+
+def test_psnr_of_unit_range_frames():
+    assert psnr_db(0.0) == math.inf
+    assert psnr_db(2.0) == 0.0  # an RMSE of the whole range
+    assert abs(psnr_db(0.02) - 40.0) < 1e-9
+
+
+def test_condition_probe_finds_the_fixed_point_and_stops_encoding():
+    r = check_condition(9, preset="tiny", device="cpu")
+    assert r["fixed_at"] is not None and r["encoded_chunks"] == r["fixed_at"] + 1
+    assert len(r["chunk_ms"]) == 9
+
+
+def test_layout_probe_compares_every_variant_with_the_reference():
+    r = check_vae_layout(2, ("reference", "benchmark", "cl3d"), preset="tiny", device="cpu")
+    rows = r["variants"]
+    assert "psnr_db" not in rows["reference"] and rows["reference"]["ratio"] == 1
+    # on the CPU neither autotuning nor the NDHWC layout changes a pixel of the tiny decode
+    assert rows["benchmark"]["exact"] and rows["cl3d"]["worst_max_abs"] <= 0.02
+    assert r["peak_tf32_tflops"] is None and rows["cl3d"]["tf32_mfu"] is None
