@@ -36,6 +36,10 @@ def main() -> int:
     print(f"{len(res.sessions)} sessions in {time.monotonic() - t0:.0f} s: " + ", ".join(f"{k} {n}" for k, n in counts.items()))
     print(f"resident memory (server + workers): first third {res.rss_first / 2**20:.1f} MiB, "
           f"last third {res.rss_last / 2**20:.1f} MiB, drift {100 * res.drift:+.3f} % (allowed {100 * soak.MAX_DRIFT:g} %)")
+    first, last = res.sessions[len(res.sessions) // 3], res.sessions[-1]
+    for pid, rss in sorted(last.rss_by_pid.items()):
+        print(f"  pid {pid}{' (server)' if pid == server.pid else ''}: {first.rss_by_pid.get(pid, 0) / 2**20:.1f} MiB at "
+              f"session {len(res.sessions) // 3}, {rss / 2**20:.1f} MiB at the last")
     print(f"run directory: {out}")
     for p in res.problems:
         print(f"  problem: {p}")

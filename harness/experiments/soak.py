@@ -28,7 +28,7 @@ import aiohttp
 from harness.drivers.procwatch import rss_bytes, wait_gone
 from harness.experiments.scenarios.server_process import ServerProcess
 from harness.measure.events import read_run
-from harness.serving.client import ViewerOptions, run_sessions
+from harness.serving.client import ViewerOptions, run_sessions, status
 
 #: how each session's client leaves; "header:last" is the last chunk's header
 KINDS = ("complete", "no-start", "start", "header:0", "chunk:0", "header:last", "cancel")
@@ -43,7 +43,8 @@ class SoakSession:
     outcome: str  # the client's: complete | disconnected | cancelled | closed | error | busy | left
     session: int | None  # the server's index, when the client saw "started"
     error: str = ""
-    rss: int = 0  # bytes, the server and its workers, after this session
+    rss: int = 0  # bytes, the server and its workers, once the server is idle after this session
+    rss_by_pid: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -93,8 +94,18 @@ async def one_session(url: str, kind: str, seed: int, chunks: int) -> SoakSessio
     return SoakSession(kind, rep.outcome, rep.session, rep.error)
 
 
-def server_rss(server: ServerProcess) -> int:
-    return sum(r for p in [server.pid, *server.workers()] if (r := rss_bytes(p)) is not None)
+def server_rss(server: ServerProcess) -> dict[int, int]:
+    """Resident bytes of the server and each of its workers."""
+    return {p: r for p in [server.pid, *server.workers()] if (r := rss_bytes(p)) is not None}
+
+
+async def wait_idle(url: str, timeout_s: float = 60.0) -> None:
+    """Until the server runs no session (a client that left early leaves its session to be
+    cancelled): memory is sampled at the same point of every session, not mid-teardown."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while (await status(url)).busy and loop.time() < deadline:
+        await asyncio.sleep(0.05)
 
 
 def run(server: ServerProcess, sessions: int, chunks: int = 2, seed: int = 1,
@@ -103,7 +114,9 @@ def run(server: ServerProcess, sessions: int, chunks: int = 2, seed: int = 1,
     res = SoakResult()
     for i, kind in enumerate(plan(sessions)):
         s = asyncio.run(one_session(server.url, kind, seed + i, chunks))
-        s.rss = server_rss(server)
+        asyncio.run(wait_idle(server.url))
+        s.rss_by_pid = server_rss(server)
+        s.rss = sum(s.rss_by_pid.values())
         res.sessions.append(s)
         if progress is not None:
             progress(i, s)
