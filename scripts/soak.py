@@ -8,6 +8,7 @@ memory drift ≤ 1 % between the first and last thirds, nothing left behind. Exi
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -40,7 +41,10 @@ def main() -> int:
     for pid, rss in sorted(last.rss_by_pid.items()):
         print(f"  pid {pid}{' (server)' if pid == server.pid else ''}: {first.rss_by_pid.get(pid, 0) / 2**20:.1f} MiB at "
               f"session {len(res.sessions) // 3}, {rss / 2**20:.1f} MiB at the last")
-    print(f"run directory: {out}")
+    samples = out.parent / "soak.json"  # beside the run directory, not in it
+    samples.write_text(json.dumps([{"kind": s.kind, "outcome": s.outcome, "session": s.session, "rss": s.rss,
+                                    "rss_by_pid": s.rss_by_pid} for s in res.sessions]))
+    print(f"run directory: {out}; every session's samples: {samples}")
     for p in res.problems:
         print(f"  problem: {p}")
     print("ok: true outcomes recorded, nothing left behind" if not res.problems else f"{len(res.problems)} problems")
