@@ -135,7 +135,8 @@ class _MaskCheck:
 
 #: what MaskedFramesOnly needs of aiohttp's request handler: checked at import, so an aiohttp that
 #: renamed them fails loudly instead of accepting unmasked frames again
-assert all(hasattr(web_protocol.RequestHandler, a) for a in ("_payload_parser", "_message_tail", "data_received"))
+if not all(hasattr(web_protocol.RequestHandler, a) for a in ("_payload_parser", "_message_tail", "data_received")):
+    raise ImportError("this aiohttp's request handler has no _payload_parser/_message_tail: MaskedFramesOnly needs updating")
 
 
 class MaskedFramesOnly(web.WebSocketResponse):
