@@ -11,11 +11,11 @@ wants frame k at ``start + k / fps``; a frame that has not arrived by then is an
 player stalls until it does. Reported: underruns, stall time, startup delay and the continuous-play
 ratio (play time / (play time + stall time)).
 
-A slow consumer (``--read-rate 0.5``) takes each chunk's frames at half speed before it reads the
-next message and acknowledges the chunk only then (the ack carries the receipt time): unread data
-piles up in the socket (TCP backpressure) and the server's window of unacknowledged chunks fills,
-which stops production. ``--disconnect-after-chunk K`` leaves mid-session (the server must treat
-it as a cancel).
+A slow consumer (``--read-rate 0.5``) takes each chunk's frames at half speed and acknowledges the
+chunk only then (the ack carries the receipt time): the server's window of unacknowledged chunks
+fills, which stops production. Meanwhile it goes on reading, as a browser does, so it answers the
+server's heartbeat however slow it is; what arrives waits in its backlog (at most the window).
+``--disconnect-after-chunk K`` leaves mid-session (the server must treat it as a cancel).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import hashlib
 import os
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,11 +129,13 @@ async def run_session(url: str, *, preset: str, seed: int, chunks: int | None = 
 
 async def _session(ws, *, preset: str, seed: int, chunks: int | None, prompt: str, opts: ViewerOptions) -> SessionReport:
     v = _Viewer(ws, opts, seed, SessionReport(seed=seed, chunks=chunks or 0, headers=[], receipts_ns=[], errors=[]))
-    await v.start(preset, chunks, prompt)
     try:
+        await v.start(preset, chunks, prompt)
         if not await v.trigger("start"):
             await v.receive_all()
         await v.stop_player()
+    except (aiohttp.ClientError, OSError) as e:  # connected, then lost: not "cannot connect"
+        v.lost(e)
     finally:
         v.finish()
     return v.rep
@@ -156,6 +159,7 @@ class _Viewer:
         self.player_stop = asyncio.Event()  # set once the last chunk was announced: no boundary is left
         self.sent_inputs: dict[str, tuple[int, int, TraceEvent]] = {}  # id → (planned, sent, event)
         self.queued: dict[str, tuple[int, W.Queued]] = {}  # id → (receipt read, receipt)
+        self.backlog: deque = deque()  # messages read while a slow consumer took a chunk's frames
 
     async def send(self, msg) -> None:
         await self.ws.send_str(W.encode(msg))
@@ -219,6 +223,19 @@ class _Viewer:
         await asyncio.sleep(seconds)
         await self.trigger(f"after:{seconds:g}")
 
+    def lost(self, e: BaseException) -> None:
+        """The connection failed under us (a send to a closed transport, a reset): the session is
+        over, said with what we had received."""
+        rep = self.rep
+        if rep.outcome == "disconnected":
+            return  # we left: the failure is our own close
+        rep.outcome, rep.close_code = "closed", self.ws.close_code
+        rep.error = W.one_line(f"connection lost after {self.received()} (code {self.ws.close_code}): "
+                               f"{e or type(e).__name__}")
+
+    def received(self) -> str:
+        return f"{len(self.rep.headers)} of {self.rep.chunks or '?'} chunks"
+
     def fail(self, outcome: str, error: str) -> bool:
         self.rep.outcome, self.rep.error = outcome, error
         return True
@@ -235,7 +252,7 @@ class _Viewer:
         while True:
             timeout, admission = self._receive_timeout()
             try:
-                m = await self.ws.receive(timeout=timeout)
+                m = self.backlog.popleft() if self.backlog else await self.ws.receive(timeout=timeout)
             except asyncio.TimeoutError:
                 if admission:
                     self.fail("queue_timeout", f"not admitted within {self.opts.start_timeout_s:g} s of the start")
@@ -315,19 +332,41 @@ class _Viewer:
         if self.fh is not None:
             self.fh.write(data)
         if self.opts.read_rate and rep.started:
-            # A slow consumer: it takes the chunk's frames at read_rate × fps before it reads
-            # on (the socket fills meanwhile) and returns the credit (the ack) only then;
-            # the ack still carries the receipt time, which is what ``delivered`` means.
-            await asyncio.sleep(hd.frames / (self.opts.read_rate * rep.started.fps))
+            # A slow consumer: it takes the chunk's frames at read_rate × fps and returns the
+            # credit (the ack) only then; the ack still carries the receipt time, which is what
+            # ``delivered`` means.
+            if not await self.read_ahead(hd.frames / (self.opts.read_rate * rep.started.fps)):
+                return False  # the connection closed meanwhile: the backlog ends with why
         await self.send(W.Ack(chunk=hd.chunk, received_ns=t))
         return await self.trigger(f"chunk:{hd.chunk}")
+
+    async def read_ahead(self, seconds: float) -> bool:
+        """Wait ``seconds`` while still reading: aiohttp answers the server's pings only inside
+        ``receive``, so a consumer that stopped reading for longer than the heartbeat's pong wait
+        would be dropped as dead. Requests for actions are answered at once (the controls do not
+        wait for playback, or the server's action timeout would cancel the session); everything
+        else is kept, in order, for ``receive_all``. False when the connection closed meanwhile."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while (left := deadline - loop.time()) > 0:
+            try:  # one deadline around the receive: aiohttp's own timeout restarts at every ping it answers
+                m = await asyncio.wait_for(self.ws.receive(), left)
+            except asyncio.TimeoutError:
+                break
+            if m.type == WSMsgType.TEXT and _is_request(m.data):
+                await self.on_text(m.data)
+                continue
+            self.backlog.append(m)
+            if m.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                return False
+        return True
 
     def on_closed(self) -> bool:
         rep, ws = self.rep, self.ws
         rep.outcome = rep.outcome or "closed"
         rep.close_code = ws.close_code
         ex = ws.exception()
-        rep.error = rep.error or W.one_line(f"connection closed by the server (code {ws.close_code}"
+        rep.error = rep.error or W.one_line(f"connection closed by the server after {self.received()} (code {ws.close_code}"
                                             f"{': ' + str(ex) if ex else ''})")
         return True
 
@@ -373,6 +412,14 @@ class _Viewer:
             chunks += [ChunkRecord(chunk=c, applied=tuple(ids)) for c, ids in enumerate(rep.ended.applied) if c not in seen]
         return InteractionLog(events=tuple(events), chunks=tuple(chunks),
                               same_clock=bool(rep.started and rep.started.same_clock))
+
+
+def _is_request(data: str) -> bool:
+    """A server's request for actions (answered even while a slow consumer holds its chunks)."""
+    try:
+        return isinstance(W.decode_server(data), W.NeedActions)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False  # receive_all reports it, in its place
 
 
 async def status(url: str, timeout_s: float = 10.0, token: str = "") -> W.Status:

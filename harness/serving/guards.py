@@ -7,8 +7,12 @@ session's outcome, the warm-up before the port opens, and the options that set t
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import os
+
+from aiohttp import WSCloseCode, web, web_protocol
+from aiohttp.http_websocket import WebSocketError
 
 from harness.errors import HarnessError
 from harness.limits import max_chunks
@@ -47,6 +51,107 @@ def origin_error(host: str | None, origin: str | None, listen: tuple[str, int] |
         if scheme not in ("http", "https") or not sep or not matches(rest.rstrip("/")):
             return f"Origin {origin!r} is not allowed (add --allow-origin {origin} to let that page in)"
     return None
+
+
+def refusal(request, listen: tuple[str, int] | None, allowed: tuple[str, ...]) -> "web.Response | None":
+    """403 for a request from a foreign page or through a rebound Host name (``origin_error``), or None."""
+    why = origin_error(request.headers.get("Host"), request.headers.get("Origin"), listen, allowed)
+    return None if why is None else web.Response(status=403, text=why + "\n")
+
+
+def token_matches(given: str, expected: str) -> bool:
+    """Constant-time, on bytes: ``compare_digest`` refuses str with non-ASCII characters (a
+    TypeError that used to drop the connection without a close frame)."""
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+class FrameBoundaries:
+    """Where each client frame begins in a byte stream fed in pieces: only headers (2–14 bytes)
+    are read, payloads are skipped, so the cost is per frame, not per byte."""
+
+    def __init__(self) -> None:
+        self.head = b""  # a header begun in an earlier piece
+        self.skip = 0  # payload bytes still to pass over
+
+    def unmasked_at(self, data: bytes) -> int | None:
+        """Offset in ``data`` where a frame without the mask bit begins (0 when its header began
+        in an earlier piece), or None."""
+        i, n = 0, len(data)
+        while i < n:
+            if self.skip:
+                step = min(self.skip, n - i)
+                self.skip -= step
+                i += step
+                continue
+            carried = len(self.head)
+            head = self.head + data[i:i + 14]
+            if len(head) >= 2 and not head[1] & 0x80:
+                return max(i - carried, 0)
+            size = _header_size(head)
+            if size is None:  # the header continues in the next piece
+                self.head = head
+                return None
+            ln = head[1] & 0x7F
+            self.skip = int.from_bytes(head[2:4 if ln == 126 else 10], "big") if ln >= 126 else ln
+            self.head = b""
+            i += size - carried
+        return None
+
+
+def _header_size(head: bytes) -> int | None:
+    """Bytes of a (masked) frame header that begins ``head``, or None until enough of it is there."""
+    if len(head) < 2:
+        return None
+    ln = head[1] & 0x7F
+    size = 2 + (2 if ln == 126 else 8 if ln == 127 else 0) + 4
+    return size if len(head) >= size else None
+
+
+class _MaskCheck:
+    """The connection's frame parser behind a check of each frame's mask bit (RFC 6455 §5.1: a
+    server must close the connection on an unmasked client frame; aiohttp's reader accepts them)."""
+
+    def __init__(self, parser, queue) -> None:
+        self.parser, self.queue = parser, queue
+        self.frames = FrameBoundaries()
+        self.refused = False
+
+    def feed_data(self, data) -> tuple[bool, bytes]:
+        if self.refused:
+            return True, b""
+        at = self.frames.unmasked_at(bytes(data))
+        if at is None:
+            return self.parser.feed_data(data)
+        if at:
+            self.parser.feed_data(data[:at])  # the whole frames before it are the client's
+        self.refused = True
+        self.queue.set_exception(WebSocketError(WSCloseCode.PROTOCOL_ERROR,
+                                                "unmasked frame from the client (RFC 6455 §5.1)"))
+        return True, b""
+
+    def feed_eof(self) -> None:
+        self.parser.feed_eof()
+
+
+#: what MaskedFramesOnly needs of aiohttp's request handler: checked at import, so an aiohttp that
+#: renamed them fails loudly instead of accepting unmasked frames again
+if not all(hasattr(web_protocol.RequestHandler, a) for a in ("_payload_parser", "_message_tail", "data_received")):
+    raise ImportError("this aiohttp's request handler has no _payload_parser/_message_tail: MaskedFramesOnly needs updating")
+
+
+class MaskedFramesOnly(web.WebSocketResponse):
+    """A server WebSocket that closes the connection (1002) on an unmasked client frame.
+
+    aiohttp exposes no option for it, so the check sits in front of the frame parser aiohttp
+    installs after the handshake; bytes that arrived with the handshake go through it too."""
+
+    def _post_start(self, request, protocol, writer) -> None:
+        handler = request.protocol
+        tail, handler._message_tail = handler._message_tail, b""
+        super()._post_start(request, protocol, writer)
+        handler._payload_parser = _MaskCheck(handler._payload_parser, self._reader)
+        if tail:
+            handler.data_received(tail)
 
 
 def write_token(path, token: str) -> None:

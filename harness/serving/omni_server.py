@@ -38,7 +38,7 @@ from harness.errors import HarnessError
 from harness.measure.clock import now
 from harness.serving import omni_protocol as O
 from harness.serving import protocol as W
-from harness.serving.guards import origin_error
+from harness.serving.guards import MaskedFramesOnly, origin_error
 from harness.serving.omni_requests import (InteractionRequest, Refusal, StartPolicy, StartRequest, parse_interaction,
                                            parse_start)
 from harness.serving.server import ListenOptions, StreamServer, _Conn, listen_run, listen_setup
@@ -241,8 +241,8 @@ class OmniServer(StreamServer):
                                self.opts.allow_origins)
         if refused:
             return web.Response(status=403, text=refused + "\n")
-        ws = web.WebSocketResponse(max_msg_size=O.MAX_FRAME_BYTES, autoping=True, compress=False,
-                                   heartbeat=self.opts.heartbeat_s)
+        ws = MaskedFramesOnly(max_msg_size=O.MAX_FRAME_BYTES, autoping=True, compress=False,
+                              heartbeat=self.opts.heartbeat_s)
         await ws.prepare(request)
         conn = _Conn(ws, asyncio.get_running_loop())
         if len(self._conns) >= self.opts.max_connections:

@@ -30,7 +30,6 @@ Capacity is one session: a ``start`` while another is pending or running gets ``
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
 import queue
 import secrets
@@ -55,7 +54,9 @@ from harness.limits import session_frames_error
 from harness.measure.clock import now
 from harness.measure.headline import run_headline
 from harness.serving import protocol as W
-from harness.serving.guards import DEFAULT_IDLE_TIMEOUT_S, hardening_options, origin_error, warm_up, write_token
+from harness.serving.guards import (DEFAULT_IDLE_TIMEOUT_S, MaskedFramesOnly, hardening_options, origin_error, refusal,
+                                    token_matches, warm_up, write_token)
+from harness.serving.outcome import as_delivered
 from harness.serving.player import latest_wins
 
 
@@ -448,6 +449,7 @@ class StreamServer:
             ctx.driver.on_chunk = original
         if not res.cancelled:
             sess.wait_acks()
+            res = as_delivered(res, len(sess.acks), lost=not sess.conn.open or sess.reason is not None)
         sess.flush_rows(final=True)
         ctx.add_result(res)
         with sess.cond:
@@ -550,6 +552,8 @@ class StreamServer:
 
     async def _health(self, request):
         """Readiness for load balancers: 200 once warm and serving (the port is bound only then), 503 when stopping."""
+        if (refused := refusal(request, self.address, self.opts.allow_origins)) is not None:
+            return refused  # the WebSocket's rules: no foreign page or rebound name may read it either
         stopping = self._stop.is_set()
         body = {"status": "stopping" if stopping else "ready", "busy": self._active is not None,
                 "sessions_served": self._served, "preset": self.cfg.name if self.cfg else ""}
@@ -560,8 +564,8 @@ class StreamServer:
                                self.opts.allow_origins)
         if refused:
             return web.Response(status=403, text=refused + "\n")
-        ws = web.WebSocketResponse(max_msg_size=self.opts.max_message_bytes, autoping=True, compress=False,
-                                   heartbeat=self.opts.heartbeat_s)
+        ws = MaskedFramesOnly(max_msg_size=self.opts.max_message_bytes, autoping=True, compress=False,
+                              heartbeat=self.opts.heartbeat_s)
         await ws.prepare(request)
         if len(self._conns) >= self.opts.max_connections:
             await ws.send_str(W.encode(W.Busy(message=f"too many connections (limit {self.opts.max_connections})")))
@@ -673,7 +677,7 @@ class StreamServer:
             with self._lock:
                 busy, last = self._active is not None, self._last
             owner = s is not None and last is not None and s.index == last.session
-            if not owner and not hmac.compare_digest(msg.token, self.operator_token):
+            if not owner and not token_matches(msg.token, self.operator_token):
                 last = None  # a session's outcome is its own client's business (and the operator's)
             conn.post(W.encode(W.Status(preset=self.cfg.name, busy=busy, sessions_served=self._served, last=last)))
 

@@ -5,7 +5,10 @@ timeout (30 s) and heartbeat (10 s), the setting a user has:
   closed as idle — answering the heartbeat is no message — so eight of them cannot lock a newcomer
   out for good;
 * ``client --chunks 1000`` gets the server's refusal of its start and exits at once with it;
-* ``--listen`` on a port another process listens on is refused in one line before anything starts.
+* ``--listen`` on a port another process listens on is refused in one line before anything starts;
+* row 12: the bundled slow consumer, slower than the heartbeat's ping and pong wait, still answers
+  the pings and is served to the end; a client that does stop reading is dropped by the heartbeat
+  and its report says the connection was lost after what it had received, not "cannot connect".
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from aiohttp import WSMsgType
 
 from harness.experiments.scenarios import ServerProcess
 from harness.serving import protocol as W
-from harness.serving.client import run_session
+from harness.serving import client as C
+from harness.serving.client import ViewerOptions, run_session
 from harness.serving.guards import DEFAULT_IDLE_TIMEOUT_S
 
 from helpers import REPO
@@ -93,3 +97,28 @@ def test_listen_on_a_port_in_use_is_refused_before_anything_starts(tmp_path):
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and "cannot listen there" in err[0] and "Traceback" not in proc.stderr
     assert not out.exists()  # refused before the run directory was claimed
+
+
+#: one 9-frame chunk taken at this × 16 fps lasts 18.75 s: longer than the heartbeat's ping (10 s
+#: after the client's last message) plus its pong wait (5 s), after which aiohttp drops the peer
+SLOW_RATE = 0.03
+
+
+def test_the_bundled_slow_consumer_answers_the_heartbeat_and_is_served(server, tmp_path):
+    assert 9 / (SLOW_RATE * 16) > 1.5 * HEARTBEAT_S
+    proc = subprocess.run([sys.executable, "-m", "harness", "client", "--connect", server.url, "--chunks", "1",
+                           "--read-rate", str(SLOW_RATE), "--out", str(tmp_path), "--verify"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert " complete " in proc.stdout and "decodes to the 9 frames sent" in proc.stdout
+
+
+def test_a_client_that_stops_reading_is_reported_as_dropped_not_as_cannot_connect(server, monkeypatch):
+    async def stop_reading(self, seconds):  # the consumer before the fix: it read nothing while it slept
+        await asyncio.sleep(seconds)
+        return True
+
+    monkeypatch.setattr(C._Viewer, "read_ahead", stop_reading)
+    rep = asyncio.run(run_session(server.url, preset="tiny", seed=1, chunks=1, opts=ViewerOptions(read_rate=SLOW_RATE)))
+    assert rep.outcome == "closed" and rep.session is not None and len(rep.headers) == 1, (rep.outcome, rep.error)
+    assert "after 1 of 1 chunks" in rep.error and "cannot connect" not in rep.error

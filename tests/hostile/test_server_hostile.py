@@ -6,7 +6,9 @@ and finds nothing left behind (processes, /dev/shm, a manifest that says how it 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import os
 import socket
 import time
 import urllib.error
@@ -156,6 +158,74 @@ def test_status_answers_only_the_connection_that_owned_the_session(server):
     assert operator.last == mine.last
     assert (server.out / "operator.token").stat().st_mode & 0o077 == 0
     _still_serving(server)
+
+
+def test_a_non_ascii_token_gets_the_normal_refusal(server):
+    HOSTILE.append("status with a non-ASCII token")
+    refused = asyncio.run(status(server.url, token="é" * 32))  # compare_digest raised TypeError on str
+    assert refused.last is None and refused.preset == "tiny"
+    assert "TypeError" not in server.stderr()
+    _still_serving(server)
+
+
+def _raw_websocket(srv) -> socket.socket:
+    """A real handshake on a plain socket, so the frames after it can break the rules."""
+    host, port = _hostport(srv)
+    s = socket.create_connection((host, port), timeout=IDLE_S + 20)
+    key = base64.b64encode(os.urandom(16)).decode()
+    s.sendall(f"GET /session HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+              f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(4096)
+    assert head.startswith(b"HTTP/1.1 101"), head[:100]
+    return s
+
+
+def _read_all(s: socket.socket) -> bytes:
+    data = b""
+    while chunk := s.recv(65536):  # until the server closes (a hang would time out and fail)
+        data += chunk
+    return data
+
+
+def test_an_unmasked_client_frame_closes_the_connection_with_a_protocol_error(server):
+    HOSTILE.append("unmasked client frame")
+    s = _raw_websocket(server)
+    try:
+        payload = W.encode(W.StatusRequest()).encode()
+        s.sendall(bytes([0x81, len(payload)]) + payload)  # FIN, text, no mask bit (RFC 6455 §5.1: the server must close)
+        data = _read_all(s)
+    finally:
+        s.close()
+    assert data[:1] == b"\x88" and int.from_bytes(data[2:4], "big") == 1002, data[:60]  # a close frame, 1002
+    assert b'"status"' not in data  # the unmasked request was not answered
+    _still_serving(server)
+
+
+def test_a_masked_raw_frame_is_still_answered(server):
+    """The check reads the mask bit, not the client library: the same request, masked, is served."""
+    s = _raw_websocket(server)
+    try:
+        payload = W.encode(W.StatusRequest()).encode()
+        mask = os.urandom(4)
+        s.sendall(bytes([0x81, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+        data = s.recv(4096)
+    finally:
+        s.close()
+    assert data[:1] == b"\x81" and b'"type":"status"' in data, data[:100]
+
+
+@pytest.mark.parametrize("headers", [{"Origin": "http://evil.example"}, {"Host": "evil.example:80"}],
+                         ids=["foreign-origin", "rebound-host"])
+def test_healthz_applies_the_websockets_host_and_origin_rules(server, headers):
+    HOSTILE.append(f"healthz {headers}")
+    url = server.url.replace("ws://", "http://").replace("/session", "/healthz")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10)
+    assert e.value.code == 403 and b"not" in e.value.read()
+    with urllib.request.urlopen(url, timeout=10) as r:  # the server's own address is still answered
+        assert r.status == 200
 
 
 def test_server_stops_and_leaves_nothing_behind(server):

@@ -64,3 +64,16 @@ def test_a_header_aligns_numbers_right_and_words_left():
     assert len(cells) == len(names)
     assert cells == ["---" if F.define(n).unit == "—" else "---:" for n in names]
     assert {"---", "---:"} <= set(cells)  # both kinds occur in the columns tested
+
+
+def test_a_console_table_aligns_its_header_over_its_columns():
+    names = list(F.FIGURES)[:3]
+    lines = F.console_table(names, [["a", "1.5", "22.25"], ["bbbbbbbbbbbbbbbbbbbbbb", "333.0", "4"]], indent="")
+    heads = [F.label(n) for n in names]
+    assert lines[1].startswith("a ") and lines[2].startswith("bbbbbbbbbbbbbbbbbbbbbb")  # the first column: left
+    for line in lines:
+        assert len(line) == len(lines[0])  # every column as wide as its widest cell or label
+    # the other columns: right-aligned, their right edges under the labels' right edges
+    right = [lines[0].index(h) + len(h) for h in heads[1:]]
+    for line, (mid, last) in zip(lines[1:], (("1.5", "22.25"), ("333.0", "4"))):
+        assert line[right[0] - len(mid):right[0]] == mid and line.endswith(last) and right[1] == len(line)
