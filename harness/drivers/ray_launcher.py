@@ -103,6 +103,8 @@ class RayLauncher(Addressing):
     cpus_per_rank: float | None = None  # None: a fair share of the cluster's CPUs, at most 1
     frame_path: str = "auto"
     strategy: str = "PACK"
+    #: engine groups sharing the cluster (``--replicas``): each one's fair share of CPUs is this much smaller
+    share: int = 1
     procs: list[ActorProc] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -153,7 +155,8 @@ class RayLauncher(Addressing):
     def _place(self, ray, nodes: dict[str, dict], driver_node: str, driver_ip: str, timeout: float) -> tuple[list[dict], list]:
         """The bundles and the per-actor plan (``_plan``), reserved as one placement group."""
         cfg = self.cfg
-        cpus = self.cpus_per_rank or _fair_cpus(ray.cluster_resources().get("CPU", 1.0), cfg.parallel.sp + cfg.parallel.vae_ranks + 1)
+        cpus = self.cpus_per_rank or _fair_cpus(ray.cluster_resources().get("CPU", 1.0),
+                                                 (cfg.parallel.sp + cfg.parallel.vae_ranks + 1) * self.share)
         bundles, plan = _plan(cfg, cpus)
         self._pin(bundles, plan, nodes[driver_node], driver_ip)
         plan = _fit_encoder(bundles, plan, nodes[driver_node])
@@ -279,6 +282,9 @@ class RayLauncher(Addressing):
 
     def describe(self) -> dict:
         return dict(self._describe)
+
+    def local_pid(self, proc: ActorProc) -> int | None:
+        return proc.info.get("pid") if proc.info.get("host") == host_id() else None
 
     # ---- receiving ----------------------------------------------------------------------------
     def poll(self, timeout: float) -> list[tuple[ActorProc, object]]:

@@ -131,8 +131,6 @@ def main(args) -> int:
         if omni_only:
             raise HarnessError(f"{', '.join(omni_only)}: options of --api vllm-omni")
     if getattr(args, "listen", None):
-        if getattr(args, "launcher", "local") != "local":
-            raise HarnessError("--listen runs on the local launcher only (for now); drop --launcher ray")
         return omni_listen_main(args) if api == "vllm-omni" else listen_main(args)
     if api != "harness":
         raise HarnessError(f"--api {api} is the network endpoint's protocol: add --listen HOST:PORT")
