@@ -115,10 +115,17 @@ class Addressing:
     def fanout(self, role: str, msg) -> None:
         raw = M.encode(msg)
         for p in self.group(role):
-            p.conn.send_bytes(raw)
+            self._send_raw(p, raw)
 
     def send(self, proc, msg) -> None:
-        proc.conn.send_bytes(M.encode(msg))
+        self._send_raw(proc, M.encode(msg))
+
+    def _send_raw(self, proc, raw: bytes) -> None:
+        """A write to a rank that died (e.g. killed while the server was idle) names the rank, not a broken pipe."""
+        try:
+            proc.conn.send_bytes(raw)
+        except (BrokenPipeError, ConnectionResetError):
+            raise self._death(proc) from None
 
     def local_pid(self, proc) -> int | None:
         """``proc``'s pid on this host (None where it runs elsewhere)."""

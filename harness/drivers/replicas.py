@@ -107,4 +107,5 @@ def describe(rep: Replica) -> dict:
     launcher = rep.launcher
     return {"replica": rep.index, "gpus": list(rep.gpus),
             "placement": {p.name: p.ready.device for p in launcher.procs if p.ready is not None},
+            "pids": {p.name: launcher.local_pid(p) for p in launcher.procs},  # this host's pids (None elsewhere)
             "launcher": launcher.describe() if hasattr(launcher, "describe") else {"name": "local"}}

@@ -123,14 +123,16 @@ class Router:
             self.served += 1
             return self.admit()
 
-    def withdraw(self, sess) -> bool:
-        """A waiting session leaves the queue (its client left or cancelled); False if it was not waiting."""
+    def withdraw(self, sess) -> list | None:
+        """A waiting session leaves the queue (its client left or cancelled): the (session, new
+        position) of those behind it; None if it was not waiting."""
         with self.lock:
             try:
-                self.waiting.remove(sess)
+                i = list(self.waiting).index(sess)
             except ValueError:
-                return False
-            return True
+                return None
+            del self.waiting[i]
+            return [(s, j + 1) for j, s in enumerate(self.waiting) if j >= i]
 
     def expired(self, now_s: float) -> list:
         """Waiting sessions whose wait passed ``queue_timeout_s``, taken out of the queue."""
@@ -139,6 +141,11 @@ class Router:
             for s in out:
                 self.waiting.remove(s)
             return out
+
+    def positions(self) -> list:
+        """(session, position) of every waiting session, 1 being next."""
+        with self.lock:
+            return [(s, j + 1) for j, s in enumerate(self.waiting)]
 
     def fail(self, slot: Slot, reason: str) -> Any:
         """Drain ``slot`` (its rank died): nothing more is routed to it; returns the session it ran."""

@@ -72,6 +72,8 @@ class Start(_Wire, tag="start"):
     #: client's receipt stamps can be used as ``delivered`` directly
     boot_id: Annotated[str, Meta(max_length=64)] = ""
     action_timeout_s: Seconds | None = None  # at most the server's own limit
+    #: a wall-clock cap for this session, at most the server's (``--session-cap``): it is cancelled past it
+    session_cap_s: Annotated[float, Meta(gt=0, le=7 * 86400)] | None = None
     #: "script": the server asks each chunk's actions (need_actions); "player": the client sends
     #: ``input`` events whenever it likes and each chunk boundary applies what has arrived
     input: Literal["script", "player"] = "script"

@@ -81,9 +81,12 @@ class ReplicaRunner:
                 raise RankFailed(next(s.dead for s in r.slots if s.dead))
             if self.opts.max_sessions is not None and r.served >= self.opts.max_sessions:
                 return
-            for sess in r.expired(time.monotonic()):
+            gone = r.expired(time.monotonic())
+            for sess in gone:
                 self._refuse_waiting(sess, f"no replica became free within the queue timeout "
                                            f"({self.opts.queue_timeout_s:g} s); try again later")
+            for sess, pos in r.positions() if gone else []:
+                self._tell_moved(sess, pos)
             self._stop.wait(IDLE_CHECK_S)
 
     def _replica_loop(self, slot: Slot) -> None:

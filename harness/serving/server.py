@@ -386,7 +386,8 @@ class StreamServer(ReplicaRunner):
         if conn.session is not None:
             conn.session.cancel("client disconnected")
             if self.router is not None:
-                self.router.withdraw(conn.session)  # a waiting session leaves the queue with its client
+                for waiting, pos in self.router.withdraw(conn.session) or []:  # it left the queue with its client
+                    self._tell_moved(waiting, pos)
         conn.post(None)
         if conn in self._conns and conn.peer in self._peers:
             self._peers[conn.peer] = self._peers.get(conn.peer, 1) - 1
@@ -445,8 +446,10 @@ class StreamServer(ReplicaRunner):
             if err:
                 self._reject(conn, err)
         elif isinstance(msg, W.Cancel):
-            if s is not None and s.state == "queued" and self.router.withdraw(s):
+            if s is not None and s.state == "queued" and (moved := self.router.withdraw(s)) is not None:
                 self._refuse_waiting(s, "left the queue: cancelled before a replica was free")
+                for waiting, pos in moved:
+                    self._tell_moved(waiting, pos)
             elif s is None or s.state != "running" or not s.cancel("client cancelled"):
                 self._reject(conn, "no running session to cancel")
         elif isinstance(msg, W.StatusRequest):
@@ -475,7 +478,7 @@ class StreamServer(ReplicaRunner):
         sess = _Session(conn, msg, chunks=msg.chunks or cfg.video.chunks_per_session,
                         frames_per_chunk=cfg.video.frames_per_chunk, window=self.opts.window,
                         action_timeout_s=timeout, stall_timeout_s=self.opts.stall_timeout_s)
-        sess.cap_s = session_cap_s(sess.chunks, self.opts.session_cap_s)
+        sess.cap_s = min(session_cap_s(sess.chunks, self.opts.session_cap_s), msg.session_cap_s or float("inf"))
         if self._stop.is_set() or (self.opts.max_sessions is not None and self.router.owed() >= self.opts.max_sessions):
             conn.post(W.encode(W.Busy(message="server is not accepting new sessions (shutting down)")))
             return
