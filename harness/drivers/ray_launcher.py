@@ -134,6 +134,7 @@ class RayLauncher(Addressing):
         self._run_workers(vae_ring, frames, dist_host, dist_port)
         self._describe = {
             "name": "ray", "address": self.address, "strategy": self.strategy, "frame_path": path,
+            "placement_group": f"harness-{os.getpid()}-{self._token[:6]}",
             "driver": driver_ip, "rendezvous": f"{dist_host}:{dist_port}" if dist_port else None,
             "bundles": bundles, "ranks": {p.name: {"node": p.info["ip"], "bundle": p.bundle, "cpus": p.num_cpus,
                                                    "gpus": p.num_gpus, "gpu_ids": p.info["gpu_ids"]} for p in self.procs},

@@ -42,10 +42,10 @@ def parse_replica_gpus(groups: list[str] | None, replicas: int, device: str) -> 
         raise HarnessError(f"--replicas must be in 1-{MAX_REPLICAS}, got {replicas}")
     if not groups:
         return ()
-    if device != "cuda":
-        raise HarnessError("--replica-gpus places replicas on GPUs; on the CPU every replica shares the CPU (drop it)")
     if len(groups) != replicas:
         raise HarnessError(f"--replica-gpus lists {len(groups)} GPU groups for --replicas {replicas}; give one per replica")
+    if device != "cuda":
+        raise HarnessError("--replica-gpus places replicas on GPUs; on the CPU every replica shares the CPU (drop it)")
     out = []
     for g in groups:
         try:

@@ -42,6 +42,7 @@ from harness.serving.guards import origin_error
 from harness.serving.omni_requests import (InteractionRequest, Refusal, StartPolicy, StartRequest, parse_interaction,
                                            parse_start)
 from harness.serving.server import ListenOptions, StreamServer, _Conn, listen_run, listen_setup
+from harness.serving.session import Cancellable
 
 #: boundaries of a chunk that exist when its media is sent (``delivered`` comes after)
 SENT_BOUNDARIES = ("submit", "dit_start", "dit_end", "latent_ready", "decode_submit", "decode_start", "decode_end",
@@ -55,7 +56,7 @@ class OmniOptions:
     policy: StartPolicy = StartPolicy()
 
 
-class OmniSession:
+class OmniSession(Cancellable):
     """One production-API session shared by both threads; its fields are guarded by ``cond``."""
 
     def __init__(self, conn: _Conn, req: StartRequest, *, frames_per_chunk: int, window: int,
@@ -99,14 +100,6 @@ class OmniSession:
             self.written_at[chunk] = now()
             self.progress = time.monotonic()
             self.cond.notify_all()
-
-    def cancel(self, reason: str) -> bool:
-        with self.cond:
-            if self.reason is not None:
-                return False
-            self.reason = reason
-            self.cond.notify_all()
-            return True
 
     def stalled(self) -> bool:
         return time.monotonic() - self.progress > self.stall_timeout_s

@@ -68,7 +68,23 @@ class _Conn:
             self.drained.set()
 
 
-class _Session:
+class Cancellable:
+    """A session's cancel, for either API's session: ``reason`` set once, under ``cond``."""
+
+    reason: str | None
+    cond: threading.Condition
+
+    def cancel(self, reason: str) -> bool:
+        """True when this call cancelled it (False: already cancelled)."""
+        with self.cond:
+            if self.reason is not None:
+                return False
+            self.reason = reason
+            self.cond.notify_all()
+            return True
+
+
+class _Session(Cancellable):
     """One client session shared by both threads; every field is guarded by ``cond``."""
 
     def __init__(self, conn: _Conn, start: W.Start, *, chunks: int, frames_per_chunk: int, window: int,
@@ -156,15 +172,6 @@ class _Session:
             self.acks[msg.chunk] = (msg.received_ns, t)
             self.cond.notify_all()
         return None
-
-    def cancel(self, reason: str) -> bool:
-        """True when this call cancelled it (False: already cancelled)."""
-        with self.cond:
-            if self.reason is not None:
-                return False
-            self.reason = reason
-            self.cond.notify_all()
-            return True
 
     # ---- driver thread ------------------------------------------------------------------------
     def should_cancel(self, _start_ns: int, _stamps) -> bool:
