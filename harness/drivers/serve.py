@@ -215,12 +215,10 @@ def _launch_replicas(run: _Run, cfg0: HarnessConfig) -> None:
     if opts.replicas <= 1:
         return
     run.replicas.append(Replica(0, cfg0, run.launcher, run.driver, None, opts.replica_gpus[0] if opts.replica_gpus else ()))
-    share = {"share": opts.replicas} if opts.launcher == "ray" else {}
-    ray_opts = ServeOptions(**{**opts.__dict__, "launcher_options": {**opts.launcher_options, **share}})
     for i in range(1, opts.replicas):
         run.replicas.append(launch_replica(
             i, cfg, opts.replica_gpus[i] if opts.replica_gpus else (), run.prefix, ring_slot_bytes(cfg),
-            lambda c, spec: make_launcher(ray_opts, c, str(run.run_dir), spec),
+            lambda c, spec: make_launcher(opts, c, str(run.run_dir), spec),
             lambda c, launcher, i=i: Driver(c, launcher, run.run_dir, on_chunk=run.on_chunk, replica=i)))
 
 
@@ -363,7 +361,9 @@ def device_memory(cfg: HarnessConfig) -> int | None:
 
 def make_launcher(opts: ServeOptions, cfg: HarnessConfig, run_dir: str, ring_spec: dict):
     if opts.launcher == "ray":
-        return RayLauncher(cfg, run_dir, ring_spec, opts.candidates, opts.hooks, dict(opts.faults), **opts.launcher_options)
+        # each of the replicas' placement groups takes its share of the cluster's CPUs, not all of them
+        return RayLauncher(cfg, run_dir, ring_spec, opts.candidates, opts.hooks, dict(opts.faults),
+                           **{"share": opts.replicas, **opts.launcher_options})
     if opts.launcher != "local":
         raise HarnessError(f"unknown launcher {opts.launcher!r} (known: local, ray)")
     return LocalLauncher(cfg, run_dir, ring_spec, opts.candidates, opts.hooks, dict(opts.faults))

@@ -16,6 +16,7 @@ and on the way out refuses whatever still waits.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -117,7 +118,8 @@ class ReplicaRunner:
             slot.stalled = (f"replica {slot.index}: {halted[0].name} (pid {launcher.local_pid(halted[0])}) "
                             "is stopped") if halted else None
         if slot.stalled and not was:
-            print(f"stall: {slot.stalled} while idle; no session is routed to it until it runs again", flush=True)
+            print(f"stall: {slot.stalled} while idle; no session is routed to it until it runs again",
+                  file=sys.stderr, flush=True)
         if was and not slot.stalled:
             self._after_release()  # it may take the head of the queue now
 
@@ -127,7 +129,7 @@ class ReplicaRunner:
         sess = self.router.fail(slot, reason)
         last = not self.router.live()
         if not last:
-            print(f"error: {reason}; replica {slot.index} drained, {len(self.router.live())} still serving", flush=True)
+            print(f"drained: {reason}; {len(self.router.live())} replicas still serving", file=sys.stderr, flush=True)
         if sess is not None:
             self._end_on_failure(sess, reason, fatal=last)
 

@@ -1,7 +1,8 @@
 """``serve --listen --replicas 2`` with real processes (tiny preset, CPU): two sessions at once, one
 replica each; the admission queue (positions, a full queue, its timeout, fairness); a session's
 wall-clock cap; the per-peer connection limit; a stopped encoder's stall reaching the client named;
-a rank killed while idle drains its replica, named, and the other one serves the next client.
+a rank killed mid-session ends that session named and the other replica serves a newcomer; the
+last replica's rank killed while idle takes the server down, named, leaving nothing behind.
 One module-scoped server; the tests run in file order (the last ones take a replica down)."""
 
 from __future__ import annotations
@@ -250,23 +251,55 @@ def test_a_rank_stopped_while_idle_shows_in_healthz(server):
     wait_for(lambda: _health(server)["replicas"][1]["state"] == "ready", GUARD_S, "the replica ready again")
 
 
-def test_a_rank_killed_while_idle_drains_its_replica_named_and_the_other_serves(server):
-    dit = _pids(server)[1]["dit rank 1"]
-    os.kill(dit, signal.SIGKILL)
-    wait_for(lambda: _health(server)["replicas"][1]["state"] == "dead", GUARD_S, "the death in /healthz")
+def test_a_rank_killed_mid_session_ends_that_session_named_and_the_other_replica_serves(server):
+    pids = _pids(server)
+
+    async def go():
+        async with aiohttp.ClientSession() as http:
+            cl = await Raw(http, server.url).open()
+            await cl.send(_start(60, chunks=3))
+            started = await cl.next(W.Started)
+            dit = pids[started.replica]["dit rank 1"]
+            os.kill(dit, signal.SIGKILL)  # before its first chunk: the next write to it finds it dead
+            ended = await cl.play()
+            return started, dit, ended, [m for m in cl.msgs if isinstance(m, W.Error)]
+
+    started, dit, ended, errors = asyncio.run(go())
+    named = f"replica {started.replica}: dit rank 1 (pid {dit}) died"
+    assert ended.cancelled and named in ended.reason and errors and named in errors[0].message and not errors[0].fatal
     health = _health(server)
-    assert health["status"] == "degraded" and health["replicas"][0]["state"] == "ready"
-    assert "replica 1: dit rank 1" in health["replicas"][1]["reason"] and "died" in health["replicas"][1]["reason"]
-    reps = [asyncio.run(run_session(server.url, preset="tiny", seed=60 + i, chunks=2)) for i in range(2)]
-    assert all(r.outcome == "complete" and r.started.replica == 0 for r in reps), [r.error for r in reps]
+    assert health["status"] == "degraded" and named in health["replicas"][started.replica]["reason"]
+    other = 1 - started.replica
+    rep = asyncio.run(run_session(server.url, preset="tiny", seed=61, chunks=2))  # a newcomer
+    assert rep.outcome == "complete" and rep.started.replica == other, rep.error
+    server.dead_first = (started.replica, named)
 
 
-def test_the_server_stops_and_records_each_replica(server):
-    assert server.stop() == 0
+def test_the_last_replica_killed_while_idle_takes_the_server_down_named(server):
+    gone, _ = server.dead_first
+    last = 1 - gone
+    enc = _pids(server)[last]["encoder"]
+
+    async def go():
+        async with aiohttp.ClientSession() as http:
+            idle = await Raw(http, server.url).open()
+            os.kill(enc, signal.SIGKILL)
+            return await idle.next(W.Error)
+
+    err = asyncio.run(go())
+    named = f"replica {last}: encoder (pid {enc}) died"
+    assert err.fatal and named in err.message
+    assert server.wait(GUARD_S) == 1
+    err_lines = [ln for ln in server.stderr().splitlines() if ln.startswith("error:")]
+    assert err_lines and named in err_lines[-1] and "Traceback" not in server.stderr()
+
+
+def test_the_run_directory_records_each_replica_and_nothing_is_left(server):
     man = json.loads((server.out / "manifest.json").read_text())
-    assert man["status"] == "complete"
+    assert man["status"] == "failed" and "encoder" in man["error"]
+    gone, named = server.dead_first
     states = {r["replica"]: (r["state"], r["reason"]) for r in man["replicas"]}
-    assert states[0] == ("served", "") and states[1][0] == "dead" and "dit rank 1" in states[1][1]
+    assert states[gone] == ("dead", named) and states[1 - gone][0] == "dead"
     sessions = read_sessions(server.out / "sessions.jsonl")
     assert sessions and all(s.replica in (0, 1) for s in sessions)
     assert server.shm_left() == []
