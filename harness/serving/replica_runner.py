@@ -115,8 +115,8 @@ class ReplicaRunner:
         halted = launcher.stopped() if hasattr(launcher, "stopped") else []
         with self.router.lock:
             was = slot.stalled
-            slot.stalled = (f"replica {slot.index}: {halted[0].name} (pid {launcher.local_pid(halted[0])}) "
-                            "is stopped") if halted else None
+            slot.stalled = (f"{halted[0].name} (pid {launcher.local_pid(halted[0])}) is stopped "
+                            f"(replica {slot.index})") if halted else None
         if slot.stalled and not was:
             print(f"stall: {slot.stalled} while idle; no session is routed to it until it runs again",
                   file=sys.stderr, flush=True)
@@ -125,7 +125,7 @@ class ReplicaRunner:
 
     def _replica_failed(self, slot: Slot, err: BaseException) -> None:
         cause = explain_failure(slot.ctx.launcher, err)
-        reason = f"replica {slot.index}: {W.one_line(cause)}"
+        reason = f"{W.one_line(cause)} (replica {slot.index})"  # the rank leads: it is what to look at
         sess = self.router.fail(slot, reason)
         last = not self.router.live()
         if not last:

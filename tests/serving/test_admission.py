@@ -56,16 +56,16 @@ def test_a_dead_replica_is_drained_and_named_when_none_is_left():
     r = _router()
     a = _sess("a")
     r.place(a)
-    assert r.fail(r.slots[0], "replica 0: encoder (pid 1) died: killed by signal 9") is a
+    assert r.fail(r.slots[0], "encoder (pid 1) died: killed by signal 9 (replica 0)") is a
     assert r.slots[0].state == "dead" and r.place(_sess("b")) == ("placed", r.slots[1])
-    r.fail(r.slots[1], "replica 1: dit rank 1 (pid 2) died: exit code 1")
+    r.fail(r.slots[1], "dit rank 1 (pid 2) died: exit code 1 (replica 1)")
     outcome, why = r.place(_sess("c"))
-    assert outcome == "refused" and "replica 0: encoder" in why and "replica 1: dit rank 1" in why
+    assert outcome == "refused" and "encoder (pid 1) died" in why and "dit rank 1 (pid 2) died" in why
 
 
 def test_a_stalled_replica_takes_nothing_new_until_it_runs_again():
     r = _router(n=1)
-    r.slots[0].stalled = "replica 0: vae rank 0 (pid 3) is stopped"
+    r.slots[0].stalled = "vae rank 0 (pid 3) is stopped (replica 0)"
     assert r.place(_sess("a"))[0] == "queued"
     r.slots[0].stalled = None
     placed, _ = r.admit()
