@@ -30,6 +30,8 @@ from __future__ import annotations
 import math
 import os
 import secrets
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -145,7 +147,10 @@ class RayLauncher(Addressing):
     def _join_cluster(self, ray) -> tuple[dict[str, dict], str, str]:
         """Alive nodes by id, the driver's node id and its IP (starting Ray here when none runs)."""
         if not ray.is_initialized():
+            kept = _handlers()
             ray.init(address=self.address, log_to_driver=True)
+            for sig, handler in kept.items():  # Ray's driver handlers exit at once: serve's graceful stop stays
+                signal.signal(sig, handler)
             self._owns_ray = True
         driver_node = ray.get_runtime_context().get_node_id()
         nodes = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
@@ -476,6 +481,13 @@ def _check_feasible(bundles: list[dict], nodes: list[dict]) -> None:
     for b in bundles:
         if not any(all(n.get("Resources", {}).get(k, 0) >= v for k, v in b.items()) for n in nodes):
             raise HarnessError(f"no node of the Ray cluster can hold the bundle {b}")
+
+
+def _handlers() -> dict:
+    """This process's Python handlers of SIGTERM and SIGINT (none off the main thread, where they cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: h for sig in (signal.SIGTERM, signal.SIGINT) if (h := signal.getsignal(sig)) is not None}
 
 
 def _fair_cpus(total: float, actors: int) -> float:

@@ -68,6 +68,7 @@ class Router:
         self.waiting: deque = deque()  # sessions, each with ``queued_at`` (monotonic s)
         self.served = 0
         self.next_index = 0
+        self.deaths: list[str] = []  # why each drained replica was drained, in the order they died
 
     # ---- placement ------------------------------------------------------------------------------
     def place(self, sess, may_queue: bool = True) -> tuple[str, Any]:
@@ -151,6 +152,7 @@ class Router:
         """Drain ``slot`` (its rank died): nothing more is routed to it; returns the session it ran."""
         with self.lock:
             slot.dead = reason
+            self.deaths.append(reason)
             sess, slot.active = slot.active, None
             return sess
 

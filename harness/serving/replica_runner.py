@@ -6,7 +6,7 @@ A replica's thread, between sessions, looks at its ranks every ``IDLE_CHECK_S``:
 session runs; a rank that is stopped (SIGSTOP) keeps new sessions off it until it runs again. In a
 session the driver notices both itself (a death at once, a stall within ``runtime.stall_report_s``).
 A drained replica's session ends with the reason sent to its client; the others go on serving.
-When every replica is drained the server goes down with the first death as its error (the run
+When every replica is drained the server goes down with the last death as its error (the run
 fails naming the rank), as a one-group server always has.
 
 serve's own thread expires queued sessions past ``--queue-timeout``, stops after ``--sessions``,
@@ -79,7 +79,7 @@ class ReplicaRunner:
             if self._fatal is not None:
                 raise self._fatal
             if not r.live():
-                raise RankFailed(next(s.dead for s in r.slots if s.dead))
+                raise RankFailed(r.deaths[-1])  # the death that left none
             if self.opts.max_sessions is not None and r.served >= self.opts.max_sessions:
                 return
             gone = r.expired(time.monotonic())
