@@ -84,7 +84,7 @@ class ReplicaRunner:
                 return
             gone = r.expired(time.monotonic())
             for sess in gone:
-                self._refuse_waiting(sess, f"no replica became free within the queue timeout "
+                self._refuse_waiting(sess, f"server is busy: no replica became free within the queue timeout "
                                            f"({self.opts.queue_timeout_s:g} s); try again later")
             for sess, pos in r.positions() if gone else []:
                 self._tell_moved(sess, pos)
