@@ -217,15 +217,18 @@ def test_one_peer_is_held_to_its_connection_limit(server):
     assert isinstance(busy, W.Busy) and f"limit {PEER_LIMIT} per peer" in busy.message
 
 
-def test_a_stopped_encoder_reaches_the_client_named_then_the_session_goes_on(server):
-    pids = _pids(server)
+async def _started_on(http, srv, seed: int, rank: str):
+    """A 3-chunk session, started: its client, ``started``, and the pid of ``rank`` on its replica."""
+    cl = await Raw(http, srv.url).open()
+    await cl.send(_start(seed, chunks=3))
+    started = await cl.next(W.Started)
+    return cl, started, _pids(srv)[started.replica][rank]
 
+
+def test_a_stopped_encoder_reaches_the_client_named_then_the_session_goes_on(server):
     async def go():
         async with aiohttp.ClientSession() as http:
-            cl = await Raw(http, server.url).open()
-            await cl.send(_start(50, chunks=3))
-            started = await cl.next(W.Started)
-            enc = pids[started.replica]["encoder"]
+            cl, _started, enc = await _started_on(http, server, 50, "encoder")
             os.kill(enc, signal.SIGSTOP)
             try:
                 stall = await cl.play(until=(W.Stall, W.Ended))
@@ -252,14 +255,9 @@ def test_a_rank_stopped_while_idle_shows_in_healthz(server):
 
 
 def test_a_rank_killed_mid_session_ends_that_session_named_and_the_other_replica_serves(server):
-    pids = _pids(server)
-
     async def go():
         async with aiohttp.ClientSession() as http:
-            cl = await Raw(http, server.url).open()
-            await cl.send(_start(60, chunks=3))
-            started = await cl.next(W.Started)
-            dit = pids[started.replica]["dit rank 1"]
+            cl, started, dit = await _started_on(http, server, 60, "dit rank 1")
             os.kill(dit, signal.SIGKILL)  # before its first chunk: the next write to it finds it dead
             ended = await cl.play()
             return started, dit, ended, [m for m in cl.msgs if isinstance(m, W.Error)]
