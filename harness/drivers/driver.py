@@ -87,7 +87,7 @@ class StallWatch:
         """The compile allowance that applies to ``stage`` owing ``chunk`` (0 where none does)."""
         return self.allowance_s if stage in self.COMPILING_STAGES and chunk < self.allowance_chunks else 0.0
 
-    def idle(self, stage: str, chunk: int) -> None:
+    def idle(self, stage: str, chunk: int, rank: str = "") -> None:
         waited = self.clock() - self.since
         extra = self.allowance(stage, chunk)
         if self.current is None and waited >= self.bound_s + extra:
@@ -95,9 +95,10 @@ class StallWatch:
             # (rounded down: rounding to nearest could lift a look just under the bound onto it)
             self.current = {"session": self.session, "epoch": self.epoch, "chunk": chunk, "stage": stage,
                             "reported_after_s": round(waited, 3), "previous_check_s": math.floor(self.checked * 1e3) / 1e3,
-                            "bound_s": self.bound_s + extra, "compile_allowance_s": extra, "lasted_s": None}
+                            "bound_s": self.bound_s + extra, "compile_allowance_s": extra, "lasted_s": None,
+                            "rank": rank or stage}
             self.sink.append(self.current)
-            print(f"stall: {stage} made no progress for {waited:.1f} s (session {self.session}, chunk {chunk}); "
+            print(f"stall: {stage} ({rank or stage}) made no progress for {waited:.1f} s (session {self.session}, chunk {chunk}); "
                   f"still waiting", file=sys.stderr, flush=True)
         elif self.current is None and extra and waited >= self.bound_s and not self.noted:
             self.noted = True
@@ -183,6 +184,8 @@ class Driver:
     _io: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="driver-io"))
     #: every stall seen (a stage owing a reply silent for ``runtime.stall_report_s``), for the summary
     stalls: list[dict] = field(default_factory=list)
+    #: the engine group this driver runs (``serve --listen --replicas``): stamped on every row
+    replica: int | None = None
 
     def close(self) -> None:
         self._io.shutdown(wait=True)
@@ -227,15 +230,21 @@ class Driver:
             wait_s = ctl.poll_s if ctl.should_cancel is not None and not s.cancelled else 1.0
             msgs = L.poll(min(wait_s, max(0.0, deadline - time.monotonic())))
             if not msgs and time.monotonic() > deadline:
-                raise RankFailed(f"session {s.session}: no progress for {timeout:.0f} s ({s.done} of {s.n} chunks done)")
+                raise RankFailed(f"session {s.session}: no progress for {timeout:.0f} s ({s.done} of {s.n} chunks done); "
+                                 f"{self._owing(s.owed()[0])} owes its reply")
             if not msgs:
-                watch.idle(*s.owed())
+                stage, chunk = s.owed()
+                watch.idle(stage, chunk, rank=self._owing(stage))
             for proc, msg in msgs:
                 deadline = time.monotonic() + timeout
                 watch.progress()
                 self._on_reply(s, proc, msg)
             if msgs:
                 watch.progress()  # on_chunk may have waited on a client: that is not a stage's stall
+
+    def _owing(self, stage: str) -> str:
+        owing = getattr(self.launcher, "owing", None)  # a test's stand-in launcher may have none
+        return owing(stage) if owing is not None else stage
 
     def _submit_chunk(self, s: _Session) -> None:
         c = s.next_chunk
@@ -309,7 +318,7 @@ class Driver:
                 if "received" not in s.stamps[c]:
                     self.on_chunk(events[c], None)
         records = [] if s.cancelled else [dict(epoch=s.epoch, session=s.session, chunk=c, **s.hashes[c]) for c in range(s.n)]
-        start = SessionStart(session=s.session, epoch=s.epoch, start_ns=s.start_ns, cancelled=s.cancelled)
+        start = SessionStart(session=s.session, epoch=s.epoch, start_ns=s.start_ns, cancelled=s.cancelled, replica=self.replica)
         return SessionResult(start, events, [h for c in range(m) for h in s.frame_sha.get(c, [])], records, media, kv,
                              ring_free, s.cancelled)
 
@@ -342,11 +351,10 @@ class Driver:
         if save:
             save_latent(self.run_dir, epoch, chunk, latent.array())
 
-    @staticmethod
-    def _event(session: int, epoch: int, chunk: int, stamps: list[dict], extra: list[dict], cancelled: bool = False) -> ChunkEvent:
+    def _event(self, session: int, epoch: int, chunk: int, stamps: list[dict], extra: list[dict], cancelled: bool = False) -> ChunkEvent:
         e = extra[chunk]
         return ChunkEvent(session=session, epoch=epoch, chunk=chunk, frames=e["frames"], gpu_ms=dict(e["gpu_ms"]),
-                          blocked_ns=dict(e["blocked_ns"]), cancelled=cancelled, **stamps[chunk])
+                          blocked_ns=dict(e["blocked_ns"]), cancelled=cancelled, replica=self.replica, **stamps[chunk])
 
     # ---- small probes --------------------------------------------------------------------
     def control_round_trip_ns(self, n: int = 20) -> list[int]:

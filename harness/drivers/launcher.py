@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from harness.config import HarnessConfig
+from harness.drivers.procwatch import stopped
 from harness.drivers.signals import held
 from harness.engine.groups import free_port
 from harness.errors import HarnessError, RunFailed
@@ -114,10 +115,34 @@ class Addressing:
     def fanout(self, role: str, msg) -> None:
         raw = M.encode(msg)
         for p in self.group(role):
-            p.conn.send_bytes(raw)
+            self._send_raw(p, raw)
 
     def send(self, proc, msg) -> None:
-        proc.conn.send_bytes(M.encode(msg))
+        self._send_raw(proc, M.encode(msg))
+
+    def _send_raw(self, proc, raw: bytes) -> None:
+        """A write to a rank that died (e.g. killed while the server was idle) names the rank, not a broken pipe."""
+        try:
+            proc.conn.send_bytes(raw)
+        except (BrokenPipeError, ConnectionResetError):
+            raise self._death(proc) from None
+
+    def local_pid(self, proc) -> int | None:
+        """``proc``'s pid on this host (None where it runs elsewhere)."""
+        return proc.process.pid
+
+    def stopped(self) -> list:
+        """The ranks on this host that are stopped (SIGSTOP): alive to every sentinel, yet silent."""
+        return [p for p in self.procs if (pid := self.local_pid(p)) is not None and stopped(pid)]
+
+    def owing(self, role: str) -> str:
+        """The rank to name for a stall of ``role``: a stopped rank when there is one (a stopped
+        encoder backs the ring up into the VAE, which then seems to owe the reply), else the role's lead."""
+        halted = self.stopped()
+        if halted:
+            return f"{halted[0].name} (pid {self.local_pid(halted[0])}, stopped)"
+        group = self.group(role)
+        return group[0].name if group else role
 
 
 @dataclass

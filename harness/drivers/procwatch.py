@@ -55,6 +55,12 @@ def alive(pid: int) -> bool:
     return st is not None and st[0] != "Z"
 
 
+def stopped(pid: int) -> bool:
+    """Stopped by a signal (SIGSTOP, SIGTSTP) or a tracer: alive, and never going to answer."""
+    st = _stat(pid)
+    return st is not None and st[0] in ("T", "t")
+
+
 def wait_gone(pids, timeout_s: float = 10.0) -> list[int]:
     deadline = time.monotonic() + timeout_s
     left = [p for p in pids if alive(p)]

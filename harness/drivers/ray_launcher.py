@@ -30,6 +30,8 @@ from __future__ import annotations
 import math
 import os
 import secrets
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -103,6 +105,8 @@ class RayLauncher(Addressing):
     cpus_per_rank: float | None = None  # None: a fair share of the cluster's CPUs, at most 1
     frame_path: str = "auto"
     strategy: str = "PACK"
+    #: engine groups sharing the cluster (``--replicas``): each one's fair share of CPUs is this much smaller
+    share: int = 1
     procs: list[ActorProc] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -132,6 +136,7 @@ class RayLauncher(Addressing):
         self._run_workers(vae_ring, frames, dist_host, dist_port)
         self._describe = {
             "name": "ray", "address": self.address, "strategy": self.strategy, "frame_path": path,
+            "placement_group": f"harness-{os.getpid()}-{self._token[:6]}",
             "driver": driver_ip, "rendezvous": f"{dist_host}:{dist_port}" if dist_port else None,
             "bundles": bundles, "ranks": {p.name: {"node": p.info["ip"], "bundle": p.bundle, "cpus": p.num_cpus,
                                                    "gpus": p.num_gpus, "gpu_ids": p.info["gpu_ids"]} for p in self.procs},
@@ -142,7 +147,10 @@ class RayLauncher(Addressing):
     def _join_cluster(self, ray) -> tuple[dict[str, dict], str, str]:
         """Alive nodes by id, the driver's node id and its IP (starting Ray here when none runs)."""
         if not ray.is_initialized():
+            kept = _handlers()
             ray.init(address=self.address, log_to_driver=True)
+            for sig, handler in kept.items():  # Ray's driver handlers exit at once: serve's graceful stop stays
+                signal.signal(sig, handler)
             self._owns_ray = True
         driver_node = ray.get_runtime_context().get_node_id()
         nodes = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
@@ -153,7 +161,8 @@ class RayLauncher(Addressing):
     def _place(self, ray, nodes: dict[str, dict], driver_node: str, driver_ip: str, timeout: float) -> tuple[list[dict], list]:
         """The bundles and the per-actor plan (``_plan``), reserved as one placement group."""
         cfg = self.cfg
-        cpus = self.cpus_per_rank or _fair_cpus(ray.cluster_resources().get("CPU", 1.0), cfg.parallel.sp + cfg.parallel.vae_ranks + 1)
+        cpus = self.cpus_per_rank or _fair_cpus(ray.cluster_resources().get("CPU", 1.0),
+                                                 (cfg.parallel.sp + cfg.parallel.vae_ranks + 1) * self.share)
         bundles, plan = _plan(cfg, cpus)
         self._pin(bundles, plan, nodes[driver_node], driver_ip)
         plan = _fit_encoder(bundles, plan, nodes[driver_node])
@@ -279,6 +288,9 @@ class RayLauncher(Addressing):
 
     def describe(self) -> dict:
         return dict(self._describe)
+
+    def local_pid(self, proc: ActorProc) -> int | None:
+        return proc.info.get("pid") if proc.info.get("host") == host_id() else None
 
     # ---- receiving ----------------------------------------------------------------------------
     def poll(self, timeout: float) -> list[tuple[ActorProc, object]]:
@@ -469,6 +481,13 @@ def _check_feasible(bundles: list[dict], nodes: list[dict]) -> None:
     for b in bundles:
         if not any(all(n.get("Resources", {}).get(k, 0) >= v for k, v in b.items()) for n in nodes):
             raise HarnessError(f"no node of the Ray cluster can hold the bundle {b}")
+
+
+def _handlers() -> dict:
+    """This process's Python handlers of SIGTERM and SIGINT (none off the main thread, where they cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: h for sig in (signal.SIGTERM, signal.SIGINT) if (h := signal.getsignal(sig)) is not None}
 
 
 def _fair_cpus(total: float, actors: int) -> float:

@@ -13,6 +13,7 @@ import errno
 import os
 import secrets
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from harness.config import VAE_TEMPORAL, HarnessConfig
 from harness.drivers.driver import Driver, SessionResult
 from harness.drivers.launcher import LocalLauncher, mps_running, shared_gpus, sharing_warning
 from harness.drivers.ray_launcher import RayLauncher
+from harness.drivers.replicas import Replica, describe as describe_replica, launch_replica, reap_replica, replica_config
 from harness.drivers.rundir import host_load, manifest, new_run_dir, release_reserve, write_json, write_jsonl
 from harness.drivers.runstate import owner_record, reap_dead_rings, release_claim
 from harness.drivers.signals import ending, starting
@@ -71,6 +73,9 @@ class ServeOptions:
     #: called with the run directory (absolute) once it is claimed, before any process starts
     #: (the ``serve`` command prints it, so a reader knows where to look while the run goes)
     announce: Callable[[Path], None] | None = None
+    #: engine groups launched (``serve --listen --replicas N``; drivers/replicas.py), and each one's GPUs
+    replicas: int = 1
+    replica_gpus: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass
@@ -84,6 +89,10 @@ class ServeContext:
     run_dir: Path
     write_event: Callable[[ChunkEvent], None]  # one events.jsonl row
     add_result: Callable[[SessionResult], None]  # a finished session, for sessions/frames/hashes files
+    #: every engine group (replica 0 is ``driver``/``launcher``); empty when ``ServeOptions.replicas`` is 1
+    replicas: list[Replica] = field(default_factory=list)
+    #: the run's manifest, written once more when the run ends (a runner may add what it learnt: a replica's end)
+    manifest: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -138,15 +147,21 @@ class _Run:
     driver: Driver | None = None
     pids: list[int] = field(default_factory=list)
     enc: msgspec.json.Encoder = field(default_factory=msgspec.json.Encoder)
+    replicas: list[Replica] = field(default_factory=list)  # every engine group, when more than one
+    rows: threading.Lock = field(default_factory=threading.Lock)  # replicas' drivers write rows from their own threads
 
     def on_chunk(self, ev: ChunkEvent, _reply=None) -> None:
-        self.events_f.write(self.enc.encode(ev) + b"\n")
-        self.events_f.flush()
+        line = self.enc.encode(ev) + b"\n"
+        with self.rows:
+            self.events_f.write(line)
+            self.events_f.flush()
 
 
 def _preflight(cfg: HarnessConfig, opts: ServeOptions) -> tuple[HarnessConfig, ServeOptions, int | None]:
     """Everything refused before anything is allocated or started; the configured config, the
     options with their hooks resolved, and the memory estimate."""
+    if opts.replicas > 1 and opts.session_runner is None:
+        raise HarnessError("--replicas serves sessions from clients: it needs --listen")
     backends.check(cfg)  # e.g. --engine vllm-omni without the extra: the install command, now
     check_telemetry(cfg.runtime.telemetry_hz, cfg.runtime.device)  # no GPU, no NVML: one line, before any process
     cfg = configure(opts.candidates, cfg)  # refuses unknown/conflicting/inapplicable ids before anything starts
@@ -181,16 +196,33 @@ def _launch_and_run(run: _Run, on_session: Callable[[SessionResult], None] | Non
     with starting():  # serve --listen's graceful stop would otherwise wait for every rank to be ready
         run.ring = FrameRing.create(run.prefix, cfg.runtime.ring_slots, ring_slot_bytes(cfg))
         run.man["ring"] = {"slots": cfg.runtime.ring_slots, "slot_bytes": run.ring.spec.slot_bytes}
-        run.launcher = make_launcher(opts, cfg, str(run.run_dir), msgspec.to_builtins(run.ring.spec))
+        cfg0 = replica_config(cfg, opts.replica_gpus[0]) if opts.replica_gpus else cfg
+        run.launcher = make_launcher(opts, cfg0, str(run.run_dir), msgspec.to_builtins(run.ring.spec))
         run.events_f = open(run.run_dir / "events.jsonl", "wb")
         run.launcher.start()
+        run.driver = Driver(cfg, run.launcher, run.run_dir, on_chunk=run.on_chunk, replica=0 if opts.replicas > 1 else None)
+        _launch_replicas(run, cfg0)
     _record_placement(run.man, run.launcher, cfg)
+    if run.replicas:
+        run.man["replicas"] = [describe_replica(r) for r in run.replicas]
     write_json(run.run_dir / "manifest.json", run.man)
-    run.driver = Driver(cfg, run.launcher, run.run_dir, on_chunk=run.on_chunk)
     if opts.probes:
         rt = sorted(run.driver.control_round_trip_ns(20))
         run.probes["control_round_trip_ns_p50"] = rt[len(rt) // 2]
-    _run_sessions(cfg, opts, run.driver, run.launcher, run.run_dir, run.on_chunk, run.results, on_session)
+    _run_sessions(cfg, opts, run.driver, run.launcher, run.run_dir, run.on_chunk, run.results, on_session, run.replicas, run.man)
+
+
+def _launch_replicas(run: _Run, cfg0: HarnessConfig) -> None:
+    """Replicas 1…N−1 beside replica 0 (drivers/replicas.py); the manifest lists them all."""
+    cfg, opts = run.cfg, run.opts
+    if opts.replicas <= 1:
+        return
+    run.replicas.append(Replica(0, cfg0, run.launcher, run.driver, None, opts.replica_gpus[0] if opts.replica_gpus else ()))
+    for i in range(1, opts.replicas):
+        run.replicas.append(launch_replica(
+            i, cfg, opts.replica_gpus[i] if opts.replica_gpus else (), run.prefix, ring_slot_bytes(cfg),
+            lambda c, spec: make_launcher(opts, c, str(run.run_dir), spec),
+            lambda c, launcher, i=i: Driver(c, launcher, run.run_dir, on_chunk=run.on_chunk, replica=i)))
 
 
 def _failure(run: _Run, e: BaseException) -> BaseException:
@@ -208,9 +240,11 @@ def _reap(run: _Run) -> None:
     if run.driver is not None:
         run.driver.close()
     # After a failure, collective peers of a dead rank may never reach their Shutdown message.
+    for rep in reversed(run.replicas[1:]):  # before replica 0, whose Ray launcher owns the Ray instance
+        run.pids += reap_replica(rep, grace_s=10.0 if run.status != "failed" else 3.0)
     if run.launcher is not None:
         run.launcher.shutdown(grace_s=10.0 if run.status != "failed" else 3.0)
-        run.pids = run.launcher.pids()
+        run.pids += run.launcher.pids()
     if run.ring is not None:
         run.ring.close()
         run.ring.unlink()
@@ -232,7 +266,7 @@ def _close_run(run: _Run) -> dict:
     summary, unwritten = {}, None
     try:
         summary = _finish(run.run_dir, run.cfg, run.results, run.status, run.error, run.probes, run.opts,
-                          run.driver.stalls if run.driver else [])
+                          [st for d in _drivers(run) for st in d.stalls])
     except OSError as e:  # e.g. a full disk: say so, and claim no summary
         unwritten = f"summary not written: {e.strerror or e}"
         (run.run_dir / "summary.json").unlink(missing_ok=True)
@@ -260,6 +294,10 @@ def _write_manifest(run_dir: Path, man: dict, starting: bool = False) -> None:
             raise RunFailed(f"run directory {run_dir}: cannot write manifest.json: {e.strerror}") from None
 
 
+def _drivers(run: _Run) -> list[Driver]:
+    return [r.driver for r in run.replicas] or ([run.driver] if run.driver else [])
+
+
 def _record_placement(man: dict, launcher, cfg: HarnessConfig) -> None:
     man["placement"] = {p.name: p.ready.device for p in launcher.procs}
     man["devices"] = sorted({p.ready.device_name for p in launcher.procs})
@@ -283,14 +321,16 @@ def cpu_sharing_note(cfg: HarnessConfig) -> str | None:
 
 
 def _run_sessions(cfg: HarnessConfig, opts: ServeOptions, driver: Driver, launcher, run_dir: Path, on_chunk,
-                  results: list[SessionResult], on_session) -> None:
+                  results: list[SessionResult], on_session, replicas: list[Replica] = (),
+                  manifest: dict | None = None) -> None:
     def add_result(res: SessionResult) -> None:
         results.append(res)
         if on_session:
             on_session(res)
 
     if opts.session_runner is not None:
-        opts.session_runner(ServeContext(cfg, driver, launcher, cfg.runtime.ring_slots, run_dir, on_chunk, add_result))
+        opts.session_runner(ServeContext(cfg, driver, launcher, cfg.runtime.ring_slots, run_dir, on_chunk, add_result,
+                                         list(replicas), manifest if manifest is not None else {}))
         return
     bar = _progress(cfg, opts.progress)
     for s in range(cfg.runtime.sessions):
@@ -315,7 +355,9 @@ def device_memory(cfg: HarnessConfig) -> int | None:
 
 def make_launcher(opts: ServeOptions, cfg: HarnessConfig, run_dir: str, ring_spec: dict):
     if opts.launcher == "ray":
-        return RayLauncher(cfg, run_dir, ring_spec, opts.candidates, opts.hooks, dict(opts.faults), **opts.launcher_options)
+        # each of the replicas' placement groups takes its share of the cluster's CPUs, not all of them
+        return RayLauncher(cfg, run_dir, ring_spec, opts.candidates, opts.hooks, dict(opts.faults),
+                           **{"share": opts.replicas, **opts.launcher_options})
     if opts.launcher != "local":
         raise HarnessError(f"unknown launcher {opts.launcher!r} (known: local, ray)")
     return LocalLauncher(cfg, run_dir, ring_spec, opts.candidates, opts.hooks, dict(opts.faults))

@@ -152,9 +152,11 @@ def main(args) -> int:
                      if v is not None]
         if omni_only:
             raise HarnessError(f"{', '.join(omni_only)}: options of --api vllm-omni")
+    listen_only = [f for f in ("replicas", "replica_gpus", "queue", "queue_timeout", "session_cap", "max_peer_connections")
+                   if getattr(args, f, None) is not None]
+    if listen_only and not getattr(args, "listen", None):
+        raise HarnessError(f"--{listen_only[0].replace('_', '-')} is an option of the network endpoint: add --listen HOST:PORT")
     if getattr(args, "listen", None):
-        if getattr(args, "launcher", "local") != "local":
-            raise HarnessError("--listen runs on the local launcher only (for now); drop --launcher ray")
         return omni_listen_main(args) if api == "vllm-omni" else listen_main(args)
     if api != "harness":
         raise HarnessError(f"--api {api} is the network endpoint's protocol: add --listen HOST:PORT")

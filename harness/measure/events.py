@@ -69,6 +69,8 @@ class ChunkEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
     gpu_ms: dict[str, float] = {}
     blocked_ns: dict[str, int] = {}
     cancelled: bool = False
+    #: the engine group that served the session (``serve --listen --replicas N``; absent otherwise)
+    replica: int | None = None
 
     @property
     def key(self) -> tuple[int, int, int]:
@@ -91,6 +93,7 @@ class SessionStart(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True
     epoch: int
     start_ns: int
     cancelled: bool = False
+    replica: int | None = None  # as ChunkEvent.replica
 
     @property
     def key(self) -> tuple[int, int]:

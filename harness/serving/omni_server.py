@@ -42,6 +42,7 @@ from harness.serving.guards import MaskedFramesOnly, origin_error
 from harness.serving.omni_requests import (InteractionRequest, Refusal, StartPolicy, StartRequest, parse_interaction,
                                            parse_start)
 from harness.serving.server import ListenOptions, StreamServer, _Conn, listen_run, listen_setup
+from harness.serving.session import Cancellable
 
 #: boundaries of a chunk that exist when its media is sent (``delivered`` comes after)
 SENT_BOUNDARIES = ("submit", "dit_start", "dit_end", "latent_ready", "decode_submit", "decode_start", "decode_end",
@@ -55,7 +56,7 @@ class OmniOptions:
     policy: StartPolicy = StartPolicy()
 
 
-class OmniSession:
+class OmniSession(Cancellable):
     """One production-API session shared by both threads; its fields are guarded by ``cond``."""
 
     def __init__(self, conn: _Conn, req: StartRequest, *, frames_per_chunk: int, window: int,
@@ -99,14 +100,6 @@ class OmniSession:
             self.written_at[chunk] = now()
             self.progress = time.monotonic()
             self.cond.notify_all()
-
-    def cancel(self, reason: str) -> bool:
-        with self.cond:
-            if self.reason is not None:
-                return False
-            self.reason = reason
-            self.cond.notify_all()
-            return True
 
     def stalled(self) -> bool:
         return time.monotonic() - self.progress > self.stall_timeout_s
@@ -203,7 +196,7 @@ class OmniServer(StreamServer):
 
     # ---- driver thread -------------------------------------------------------------------------
     def _run_one(self, ctx, sess: OmniSession) -> None:
-        idx = self._served
+        idx = self.router.new_index()
         sess.index = idx
         # an empty prompt means what it means in the harness's own API ("seed {seed}"), never the
         # driver's per-session default: the same request must make the same video in any session
@@ -223,9 +216,7 @@ class OmniServer(StreamServer):
             sess.wait_sent()
         sess.flush_rows(final=True)
         ctx.add_result(res)
-        self._served += 1
-        with self._lock:
-            self._active = None
+        self._release(ctx, sess)
         with sess.cond:
             sess.closed = True
             done = O.SessionDone(request_id=sess.request_id, chunks=len(sess.written_at),
@@ -250,6 +241,11 @@ class OmniServer(StreamServer):
                                                code="busy")))
             await ws.close(code=1013, message=b"busy")
             return ws
+        if crowded := self._peer_enter(request.remote):
+            await ws.send_str(O.encode(O.Error(message=crowded, code="busy")))
+            await ws.close(code=1013, message=b"busy")
+            return ws
+        conn.peer = request.remote
         self._conns.add(conn)
         pump_task = asyncio.create_task(conn.pump())
         try:
@@ -276,20 +272,25 @@ class OmniServer(StreamServer):
             return await self._refuse(conn, req)
         sess = OmniSession(conn, req, frames_per_chunk=self.cfg.video.frames_per_chunk, window=self.opts.window,
                            stall_timeout_s=self.omni.stall_timeout_s)
-        with self._lock:
-            if self._stop.is_set() or (self.opts.max_sessions is not None
-                                       and self._served + (self._active is not None) >= self.opts.max_sessions):
-                return await self._refuse(conn, "server is not accepting new sessions (shutting down)", "busy")
-            if self._active is not None:
-                return await self._refuse(conn, "server is busy with another session (capacity 1); try again later", "busy")
-            self._active = sess
+        if self._stop.is_set() or (self.opts.max_sessions is not None and self.router.owed() >= self.opts.max_sessions):
+            return await self._refuse(conn, "server is not accepting new sessions (shutting down)", "busy")
         sess.finished = asyncio.Event()
         conn.session = sess
+        # production's one session per server: no queue; a start while it runs is refused at once
+        outcome, detail = self.router.place(sess, may_queue=False)
+        if outcome == "refused":
+            conn.session = None
+            return await self._refuse(conn, detail.replace("capacity 1", "capacity 1, production's"), "busy")
         conn.on_written = sess.on_written
         conn.post(O.encode(O.VideoStart(request_id=sess.request_id, format=O.FORMAT, config=req.config,
                                         ignored_fields=["image_reference"] if req.image_ignored else [])))
-        self._pending.put(sess)
         return sess
+
+    def _end_on_failure(self, sess, reason: str, fatal: bool) -> None:
+        """Production's error frame for a session whose engine died (the server goes down with it)."""
+        sess.cancel(reason)
+        sess.state = "ended"
+        sess.conn.post(O.encode(O.Error(message=reason, request_id=sess.request_id)))
 
     async def _refuse(self, conn: _Conn, message: str, code: str | None = None) -> None:
         conn.post(O.encode(O.Error(message=message, code=code)))
@@ -375,6 +376,9 @@ def omni_listen_main(args) -> int:
     for flag, v in (("--start-timeout", args.start_timeout), ("--stall-timeout", args.stall_timeout)):
         if v is not None and not 0 < v <= 3600:
             raise HarnessError(f"{flag} must be in (0, 3600] s, got {v}")
+    if (getattr(args, "replicas", None) or 1) > 1 or getattr(args, "queue", None) is not None:
+        raise HarnessError("--api vllm-omni serves one session per server, as production does: "
+                           "--replicas and --queue are for --api harness")
     cfg, lo = listen_setup(args, runtime={"container": "fmp4"})
     omni = OmniOptions(start_timeout_s=args.start_timeout or O.START_TIMEOUT_S,
                        stall_timeout_s=args.stall_timeout or O.STALL_TIMEOUT_S,

@@ -41,6 +41,15 @@ def add_listen_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--image-reference", choices=["refuse", "ignore"], default="refuse",
                    help="--api vllm-omni: a session.start with image_reference is refused (default) or accepted and "
                         "ignored (sessions are conditioned on their seed's synthetic image; manifest and video.start say so)")
+    g.add_argument("--replicas", type=int, help="engine groups (DiT, VAE and encoder processes each) serving one "
+                   "session each; a session stays on its replica (default 1)")
+    g.add_argument("--replica-gpus", nargs="+", metavar="GPUS", help="CUDA: each replica's GPUs, one comma list per "
+                   "replica (e.g. 0,1 2,3); on the CPU every replica shares the CPU")
+    g.add_argument("--queue", type=int, help="sessions that may wait for a free replica, in arrival order (default 4)")
+    g.add_argument("--queue-timeout", type=float, help="seconds a session may wait in the queue before busy (default 60)")
+    g.add_argument("--session-cap", type=float, help="seconds a session may run, wall clock, before it is cancelled "
+                   "(default 120 + 10 per chunk requested)")
+    g.add_argument("--max-peer-connections", type=int, help="WebSocket connections one remote address may hold (default 4)")
     g.add_argument("--fault", action="append", default=[], help=argparse.SUPPRESS)  # ROLE:RANK=die-at-chunk:N (scenarios)
 
 

@@ -16,6 +16,11 @@ A session, as the client sees it::
     …                                   → cancel  (any time; so does closing the socket)
     ← ended            (cancelled or not: the server's cleanup invariants, hashes)
 
+When every replica is busy, ``start`` is answered with ``in_queue`` (position; again as the queue
+moves) and then ``started``, or ``busy`` when the queue is full or the wait times out. While a
+session runs the server may send ``stall`` (a stage silent past the stall bound, its rank named);
+a session that runs past its wall-clock cap, or whose replica dies, ends with the reason.
+
 A player session (``start`` with ``input: "player"``) has no ``need_actions`` and no ``actions``:
 the client sends ``input`` (event id, keys) at any time and gets ``queued`` (its arrival time) at
 once; at each chunk boundary the server applies what has arrived by the rule of
@@ -67,6 +72,8 @@ class Start(_Wire, tag="start"):
     #: client's receipt stamps can be used as ``delivered`` directly
     boot_id: Annotated[str, Meta(max_length=64)] = ""
     action_timeout_s: Seconds | None = None  # at most the server's own limit
+    #: a wall-clock cap for this session, at most the server's (``--session-cap``): it is cancelled past it
+    session_cap_s: Annotated[float, Meta(gt=0, le=7 * 86400)] | None = None
     #: "script": the server asks each chunk's actions (need_actions); "player": the client sends
     #: ``input`` events whenever it likes and each chunk boundary applies what has arrived
     input: Literal["script", "player"] = "script"
@@ -118,6 +125,8 @@ class Started(_Wire, tag="started"):
     action_timeout_s: float
     input: str = "script"
     same_clock: bool = False  # the client's boot id is the server's: one monotonic clock on both sides
+    replica: int = 0  # the engine group serving this session for its whole life (``--replicas``)
+    session_cap_s: float | None = None  # the session is cancelled when it runs longer than this (wall clock)
 
 
 class NeedActions(_Wire, tag="need_actions"):
@@ -179,6 +188,29 @@ class Ended(_Wire, tag="ended"):
     hashes: list[ChunkHash] = []  # per chunk, sessions that ran to the end
     #: player sessions: per chunk generated, the input events its boundary applied (delivered or not)
     applied: list[list[str]] = []
+    replica: int = 0  # the engine group that served it
+
+
+class InQueue(_Wire, tag="in_queue"):
+    """The answer to a ``start`` when every replica is busy: the session waits, ``position`` 1 being
+    next (sent again whenever the queue moves). ``started`` follows once a replica frees, or ``busy``
+    when the wait passes ``timeout_s``; the client may leave (cancel, or close) at any time."""
+
+    position: int
+    limit: int  # sessions that may wait at once (``--queue``)
+    timeout_s: float  # the longest wait (``--queue-timeout``)
+
+
+class Stall(_Wire, tag="stall"):
+    """A stage of the session's replica owes a reply and has made no progress for ``after_s``
+    (``runtime.stall_report_s``): the session is not over; it fails only after ``rank_timeout_s``."""
+
+    session: int
+    stage: str  # "dit", "vae" or "encoder": whose reply is owed
+    rank: str  # the rank to blame: a stopped one when there is one (e.g. "encoder (pid 123, stopped)")
+    chunk: int
+    after_s: float
+    message: str
 
 
 class Error(_Wire, tag="error"):
@@ -195,9 +227,10 @@ class Status(_Wire, tag="status"):
     busy: bool
     sessions_served: int
     last: Ended | None = None
+    waiting: int = 0  # sessions in the admission queue
 
 
-ServerMessage = Union[Started, NeedActions, Queued, ChunkHeader, Ended, Error, Busy, Status]
+ServerMessage = Union[Started, NeedActions, Queued, ChunkHeader, Ended, InQueue, Stall, Error, Busy, Status]
 
 _enc = msgspec.json.Encoder()
 _client_dec = msgspec.json.Decoder(ClientMessage)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import queue
 import secrets
 import socket
 import threading
@@ -44,24 +43,22 @@ from aiohttp import WSMsgType, web
 
 from harness.config import override
 from harness.drivers.driver import SessionControl
-from harness.drivers.options import resolve_config
-from harness.drivers.serve import ServeOptions, explain_failure, serve
+from harness.drivers.options import launcher_options, resolve_config
+from harness.drivers.replicas import parse_replica_gpus
+from harness.drivers.serve import ServeOptions, serve
 from harness.drivers.signals import install as install_stop
-from harness.engine.keys import normalize_action, validate_actions
 from harness.errors import HarnessError
 from harness.hooks import parse_hooks
 from harness.limits import session_frames_error
-from harness.measure.clock import now
 from harness.measure.headline import run_headline
 from harness.serving import protocol as W
+from harness.serving.admission import (DEFAULT_PEER_CONNECTIONS, DEFAULT_QUEUE, DEFAULT_QUEUE_TIMEOUT_S, Router,
+                                       session_cap_s)
 from harness.serving.guards import (DEFAULT_IDLE_TIMEOUT_S, MaskedFramesOnly, hardening_options, origin_error, refusal,
-                                    token_matches, warm_up, write_token)
+                                    token_matches)
 from harness.serving.outcome import as_delivered
-from harness.serving.player import latest_wins
-
-
-#: input events one player session may send (each is remembered: ids must be unique)
-MAX_INPUTS = 100_000
+from harness.serving.replica_runner import ReplicaRunner
+from harness.serving.session import _Conn, _Session
 
 
 #: how often a connection's receive wakes to look at its idle deadline (and at the end of its session)
@@ -86,6 +83,12 @@ class ListenOptions:
     heartbeat_s: float = 10.0  # WebSocket ping period; no pong within half of it closes a half-open peer
     allow_origins: tuple[str, ...] = ()  # Origins accepted besides the listen address ("*": any Origin and Host)
     warmup_chunks: int = 0  # chunks generated before "listening" (compilation, allocator, autotuning)
+    replicas: int = 1  # engine groups (serve launches them: ServeOptions.replicas)
+    replica_gpus: tuple[tuple[int, ...], ...] = ()
+    queue: int = DEFAULT_QUEUE  # sessions that may wait for a free replica
+    queue_timeout_s: float = DEFAULT_QUEUE_TIMEOUT_S  # the longest wait, then busy
+    session_cap_s: float | None = None  # a session's wall-clock cap (None: admission.session_cap_s's default)
+    max_peer_connections: int = DEFAULT_PEER_CONNECTIONS  # connections one remote address may hold
     on_listening: Callable[[str, int], None] | None = None
 
 
@@ -111,350 +114,93 @@ def parse_listen(text: str, allow_remote: bool = False) -> tuple[str, int]:
     return host, port
 
 
-class _Conn:
-    """One WebSocket, as the driver thread sees it: a thread-safe outbox."""
-
-    def __init__(self, ws, loop: asyncio.AbstractEventLoop) -> None:
-        self.ws, self.loop = ws, loop
-        self.outq: asyncio.Queue = asyncio.Queue()
-        self.open = True
-        self.session: _Session | None = None
-        self.errors = 0
-        self.drained = asyncio.Event()  # the pump has sent everything queued before its None
-        #: chunks whose media the transport has taken (written to the socket, or below its high-water
-        #: mark): only these may be acknowledged, so the window bounds bytes in flight, not promises
-        self.written: set[int] = set()
-        self.on_written: Callable[[int], None] | None = None  # called (network thread) once chunk c's media is written
-
-    def post(self, item: str | tuple[int, bytes] | None) -> None:
-        """Queue a text frame (str) or chunk c's media ((c, bytes)); None ends the pump. Any thread."""
-        if not self.open and item is not None:
-            return
-        try:
-            self.loop.call_soon_threadsafe(self.outq.put_nowait, item)
-        except RuntimeError:  # the loop is gone: the server is shutting down
-            self.open = False
-
-    async def pump(self) -> None:
-        try:
-            while True:
-                item = await self.outq.get()
-                if item is None:
-                    return
-                try:
-                    if isinstance(item, tuple):
-                        await self.ws.send_bytes(item[1])  # awaits the socket draining: TCP backpressure
-                        self.written.add(item[0])
-                        if self.on_written is not None:
-                            self.on_written(item[0])
-                    else:
-                        await self.ws.send_str(item)
-                except (ConnectionError, RuntimeError):
-                    self.open = False
-                    return
-        finally:
-            self.drained.set()
-
-
-class _Session:
-    """One client session shared by both threads; every field is guarded by ``cond``."""
-
-    def __init__(self, conn: _Conn, start: W.Start, *, chunks: int, frames_per_chunk: int, window: int,
-                 action_timeout_s: float, stall_timeout_s: float) -> None:
-        self.conn, self.start, self.chunks = conn, start, chunks
-        self.frames_per_chunk, self.window = frames_per_chunk, window
-        self.action_timeout_s, self.stall_timeout_s = action_timeout_s, stall_timeout_s
-        self.same_clock = bool(start.boot_id) and start.boot_id == W.boot_id()
-        self.cond = threading.Condition()
-        self.index: int | None = None
-        self.actions: dict[int, list[str]] = {}
-        self.consumed = -1  # highest chunk whose actions the driver has taken
-        self.reason: str | None = None  # set once: why the session is cancelled
-        self.acks: dict[int, tuple[int, int]] = {}  # chunk → (client receipt ns, server arrival ns)
-        self.sent: list[int] = []
-        self.frames_sent = 0
-        self.max_unacked = 0
-        self.client_blocked_ns = 0
-        self.events: dict = {}  # chunk → ChunkEvent as the driver reported it
-        self.next_row = 0
-        self.write: Callable | None = None  # events.jsonl writer (driver thread only)
-        # a player session (DESIGN §9): input events arrive at any time, each boundary applies them
-        self.player = start.input == "player"
-        self.held = ""  # the keys in force (latest_wins)
-        self.inbox: list[tuple[str, str]] = []  # (event id, keys) received since the last boundary
-        self.input_ids: set[str] = set()
-        self.applied: dict[int, tuple[list[str], int]] = {}  # chunk → (ids applied, boundary ns)
-
-    # ---- network thread -----------------------------------------------------------------------
-    def put_actions(self, msg: W.Actions) -> str | None:
-        if msg.chunk >= self.chunks:
-            return f"actions for chunk {msg.chunk}, but the session has {self.chunks} chunks (0-{self.chunks - 1})"
-        try:
-            acts = validate_actions(msg.actions, self.frames_per_chunk)
-        except HarnessError as e:
-            return f"chunk {msg.chunk}: {W.one_line(e)}"
-        with self.cond:
-            if msg.chunk <= self.consumed:
-                return f"actions for chunk {msg.chunk} arrived after it was generated"
-            if msg.chunk in self.actions:
-                return f"actions for chunk {msg.chunk} were already received"
-            self.actions[msg.chunk] = acts
-            self.cond.notify_all()
-        return None
-
-    def put_input(self, msg: W.Input) -> str | None:
-        """A player's event: queued for the next boundary and receipted at once (``late`` when the
-        last boundary has passed, or the session is cancelled: no chunk will apply it)."""
-        try:
-            keys = normalize_action(msg.keys)
-        except HarnessError as e:
-            return f"input {msg.event_id!r}: {W.one_line(e)}"
-        with self.cond:
-            if self.index is None:
-                return "input before the session started: wait for started"
-            if msg.event_id in self.input_ids:
-                return f"input event id {msg.event_id!r} was already used in this session"
-            if len(self.input_ids) >= MAX_INPUTS:
-                return f"more than {MAX_INPUTS} input events in one session"
-            t = now()
-            late = self.reason is not None or self.consumed >= self.chunks - 1
-            self.input_ids.add(msg.event_id)
-            if not late:
-                self.inbox.append((msg.event_id, keys))
-            # posted under the lock: the boundary that applies it cannot announce it before this receipt
-            self.conn.post(W.encode(W.Queued(session=self.index, event_id=msg.event_id, received_ns=t, late=late)))
-        return None
-
-    def ack(self, msg: W.Ack) -> str | None:
-        t = now()
-        with self.cond:
-            if msg.chunk not in self.sent:
-                return f"ack for chunk {msg.chunk}, which was not sent"
-            if msg.chunk not in self.conn.written:
-                return f"ack for chunk {msg.chunk} before its media left the server (acknowledge what you have read)"
-            if msg.chunk in self.acks:
-                return f"chunk {msg.chunk} was already acknowledged"
-            self.acks[msg.chunk] = (msg.received_ns, t)
-            self.cond.notify_all()
-        return None
-
-    def cancel(self, reason: str) -> bool:
-        """True when this call cancelled it (False: already cancelled)."""
-        with self.cond:
-            if self.reason is not None:
-                return False
-            self.reason = reason
-            self.cond.notify_all()
-            return True
-
-    # ---- driver thread ------------------------------------------------------------------------
-    def should_cancel(self, _start_ns: int, _stamps) -> bool:
-        return self.reason is not None
-
-    def contain(self, err: Exception) -> None:
-        """A failure in this session's own code (its client, its messages) cancels this session
-        only: the driver then ends it through the ordinary cancel path, which frees its KV blocks,
-        ring slots and media, and the server goes on serving."""
-        self.cancel(f"session failed: {W.one_line(f'{type(err).__name__}: {err}')}")
-
-    def actions_for(self, chunk: int) -> list[str]:
-        try:
-            return self._actions_for(chunk)
-        except Exception as e:
-            self.contain(e)
-            return [""] * self.frames_per_chunk  # generated and discarded, like any cancelled chunk
-
-    def on_chunk(self, ev, msg) -> None:
-        try:
-            self._on_chunk(ev, msg)
-        except Exception as e:
-            self.contain(e)
-            with self.cond:
-                self.events.setdefault(ev.chunk, ev)  # its row is still written
-
-    def _boundary(self, chunk: int) -> list[str]:
-        """A player session's chunk boundary: what has arrived is applied (latest_wins)."""
-        with self.cond:
-            self.held, ids = latest_wins(self.held, self.inbox)
-            self.inbox = []
-            self.applied[chunk] = (ids, now())
-            self.consumed = max(self.consumed, chunk)
-            return [self.held] * self.frames_per_chunk
-
-    def _actions_for(self, chunk: int) -> list[str]:
-        if self.player:
-            return self._boundary(chunk)
-        with self.cond:
-            if chunk not in self.actions and self.reason is None:
-                self.conn.post(W.encode(W.NeedActions(session=self.index, chunk=chunk)))
-            deadline = time.monotonic() + self.action_timeout_s
-            while chunk not in self.actions and self.reason is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    self.reason = f"no actions for chunk {chunk} within {self.action_timeout_s:g} s"
-                    break
-                self.cond.wait(min(left, 0.05))
-            acts = self.actions.pop(chunk, None)
-            self.consumed = max(self.consumed, chunk)
-        # A cancelled session's chunk is generated and discarded by the driver: any valid actions do.
-        return acts if acts is not None else [""] * self.frames_per_chunk
-
-    def _on_chunk(self, ev, msg) -> None:
-        """Driver callback per chunk: forward its media within the window, keep its event."""
-        blocked = 0
-        if msg is not None and msg.encoded is not None and msg.media:
-            with self.cond:
-                t0 = now()
-                while self.reason is None and len(self.sent) - len(self.acks) >= self.window:
-                    if not self.conn.open:
-                        self.reason = "client disconnected"
-                        break
-                    if now() - t0 > self.stall_timeout_s * 1e9:
-                        self.reason = f"client stalled: no acknowledgement for {self.stall_timeout_s:g} s"
-                        break
-                    self.cond.wait(0.05)
-                blocked = now() - t0
-                if self.reason is None and self.conn.open:
-                    ids, boundary = self.applied.get(ev.chunk, ([], None))
-                    self.conn.post(W.encode(W.ChunkHeader(
-                        session=ev.session, chunk=ev.chunk, frames=ev.frames, nbytes=len(msg.media),
-                        pixel_sha256=msg.pixel_sha256, frame_sha256=list(msg.frame_sha256),
-                        event={k: v for k, v in msgspec.to_builtins(ev).items() if k not in ("delivered",)},
-                        applied=ids, boundary_ns=boundary)))
-                    self.conn.post((ev.chunk, bytes(msg.media)))
-                    self.sent.append(ev.chunk)
-                    self.frames_sent += ev.frames
-                    self.max_unacked = max(self.max_unacked, len(self.sent) - len(self.acks))
-                self.client_blocked_ns += blocked
-        if blocked > 1_000_000:  # under a millisecond is the lock, not the client
-            ev = msgspec.structs.replace(ev, blocked_ns={**ev.blocked_ns, "client": blocked})
-        with self.cond:
-            self.events[ev.chunk] = ev
-        self.flush_rows(final=False)  # rows of acknowledged chunks now, so a crash keeps them
-
-    def wait_acks(self) -> None:
-        """After the last chunk: wait for the outstanding acknowledgements while they keep coming
-        (a slow consumer acknowledges late, but it does), at most ``stall_timeout_s`` between two."""
-        with self.cond:
-            acked, since = len(self.acks), time.monotonic()
-            while self.reason is None and self.conn.open and len(self.acks) < len(self.sent):
-                if len(self.acks) > acked:
-                    acked, since = len(self.acks), time.monotonic()
-                if time.monotonic() - since > self.stall_timeout_s:
-                    return
-                self.cond.wait(0.05)
-
-    def flush_rows(self, final: bool) -> None:
-        """events.jsonl rows in chunk order, each once its ``delivered`` is known (or never will be)."""
-        write = self.write
-        if write is None:
-            return
-        with self.cond:
-            while self.next_row in self.events:
-                c = self.next_row
-                ev = self.events[c]
-                if c in self.sent and c not in self.acks and not final:
-                    return
-                write(msgspec.structs.replace(ev, delivered=self._delivered(ev)))
-                self.next_row += 1
-
-    def _delivered(self, ev) -> int | None:
-        if ev.chunk not in self.acks:
-            return None
-        client_ns, arrival_ns = self.acks[ev.chunk]
-        if self.same_clock and (ev.encoded or 0) <= client_ns <= arrival_ns:
-            return client_ns
-        return arrival_ns
-
-
-class StreamServer:
-    """The session runner of ``serve --listen`` (``ServeOptions.session_runner``)."""
+class StreamServer(ReplicaRunner):
+    """The session runner of ``serve --listen`` (``ServeOptions.session_runner``): the network
+    endpoint here, the replicas' driver threads in ReplicaRunner, the routing in admission.Router."""
 
     ws_path = W.PATH  # the sessions' endpoint (``_handle``); subclasses serve other APIs
 
     def __init__(self, opts: ListenOptions) -> None:
         self.opts = opts
         self._lock = threading.Lock()
-        self._pending: queue.Queue[_Session] = queue.Queue()
-        self._active: _Session | None = None
         self._last: W.Ended | None = None
-        self._served = 0
         self._stop = threading.Event()
+        self._fatal: BaseException | None = None  # a replica thread's failure that is no rank's death
         self._conns: set[_Conn] = set()
+        self._peers: dict[str, int] = {}  # remote address → open connections
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner = None
         self.address: tuple[str, int] | None = None
         self.cfg = None
+        self.router: Router | None = None
+        self._manifest: dict = {}
         self.operator_token = secrets.token_hex(16)
+
+    @property
+    def _served(self) -> int:
+        return self.router.served if self.router is not None else 0
 
     # ---- control from other threads ------------------------------------------------------------
     def stop(self, reason: str = "server shutting down") -> None:
-        """Graceful stop (e.g. SIGTERM): the running session is cancelled, no new one starts."""
+        """Graceful stop (e.g. SIGTERM): the running sessions are cancelled, no new one starts."""
         self._stop.set()
-        active = self._active  # no lock: this runs in a signal handler, maybe on the thread that holds it
-        if active is not None:
-            active.cancel(reason)  # the session's condition is re-entrant
+        if self.router is not None:  # no lock: this runs in a signal handler, maybe on the thread that holds it
+            self._cancel_running(reason)  # a session's condition is re-entrant
 
-    # ---- driver thread -------------------------------------------------------------------------
-    def __call__(self, ctx) -> None:
-        self.cfg = ctx.cfg
-        write_token(ctx.run_dir / "operator.token", self.operator_token)
-        if self.opts.warmup_chunks and not self._stop.is_set():
-            warm_up(ctx, self.opts.warmup_chunks)
-        if self._stop.is_set():
-            return
-        self._start_network()
-        try:
-            while not self._stop.is_set():
-                if self.opts.max_sessions is not None and self._served >= self.opts.max_sessions:
-                    break
-                try:
-                    sess = self._pending.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                self._run_one(ctx, sess)
-        except BaseException as e:
-            cause = explain_failure(ctx.launcher, e)
-            why = "server interrupted" if isinstance(e, KeyboardInterrupt) else (
-                cause if isinstance(cause, HarnessError) else f"{type(cause).__name__}: {cause}")
-            self._close_all(W.encode(W.Error(message=W.one_line(why), fatal=True)), code=1011)
-            if cause is not e:
-                raise cause from e
-            raise
-        finally:
-            self._stop.set()
-            self._stop_network()
-
+    # ---- driver threads (one per replica) ------------------------------------------------------
     def _run_one(self, ctx, sess: _Session) -> None:
         cfg = ctx.cfg
-        idx = self._served
+        idx = self.router.new_index()
         sess.index = idx
+        sess.stalls, sess.stalls_seen = ctx.driver.stalls, len(ctx.driver.stalls)
         sess.conn.post(W.encode(W.Started(
             session=idx, epoch=idx, seed=sess.start.seed, preset=cfg.name, chunks=sess.chunks,
             latent_frames_per_chunk=cfg.video.frames_per_chunk, fps=cfg.video.fps, width=cfg.video.width,
             height=cfg.video.height, window=sess.window, action_timeout_s=sess.action_timeout_s,
-            input=sess.start.input, same_clock=sess.same_clock)))
+            input=sess.start.input, same_clock=sess.same_clock, replica=sess.replica or 0,
+            session_cap_s=sess.cap_s)))
         control = SessionControl(actions=sess.actions_for, should_cancel=sess.should_cancel, poll_s=0.005,
                                  prompt=sess.start.prompt or f"seed {sess.start.seed}")
         original = ctx.driver.on_chunk
         ctx.driver.on_chunk = sess.on_chunk
         sess.write = ctx.write_event
+        cap = threading.Timer(sess.cap_s, sess.cancel, (f"session ran past its wall-clock cap ({sess.cap_s:g} s)",))
+        cap.daemon = True
+        cap.start()
         try:
             res = ctx.driver.run_session(session=idx, epoch=idx, seed=sess.start.seed, chunks=sess.chunks, control=control)
+            if not res.cancelled:
+                sess.wait_acks()
         except BaseException:
             sess.flush_rows(final=True)  # the run directory keeps what was measured
             raise
         finally:
+            cap.cancel()
             ctx.driver.on_chunk = original
         if not res.cancelled:
-            sess.wait_acks()
             res = as_delivered(res, len(sess.acks), lost=not sess.conn.open or sess.reason is not None)
         sess.flush_rows(final=True)
         ctx.add_result(res)
+        ended = self._ended(ctx, sess, res)
+        with self._lock:
+            self._last = ended
+        # the replica is free before "ended" goes out, and takes the head of the queue first:
+        # its client may start again at once, behind those already waiting (fair admission)
+        self._release(ctx, sess)
+        sess.conn.post(W.encode(ended))
+
+    def _release(self, ctx, sess) -> None:
+        slot = next(s for s in self.router.slots if s.ctx.driver is ctx.driver)
+        _placed, moved = self.router.release(slot)
+        sess.state = "ended"
+        for waiting, pos in moved:
+            self._tell_moved(waiting, pos)
+
+    def _ended(self, ctx, sess: _Session, res) -> W.Ended:
         with sess.cond:
-            ended = W.Ended(
-                session=idx, cancelled=res.cancelled, reason=(sess.reason or "") if res.cancelled else "",
+            return W.Ended(
+                session=sess.index, cancelled=res.cancelled, reason=(sess.reason or "") if res.cancelled else "",
                 chunks=sess.chunks, chunks_generated=len(res.events), chunks_sent=len(sess.sent),
                 chunks_acked=len(sess.acks), frames_sent=sess.frames_sent,
                 kv_blocks_used=int(res.kv_after.get("blocks_used", -1)),
@@ -463,12 +209,31 @@ class StreamServer:
                 client_blocked_ns=sess.client_blocked_ns, delivered_clock="client" if sess.same_clock else "ack-receipt",
                 hashes=[W.ChunkHash(chunk=h["chunk"], latent_sha256=h.get("latent_sha256", ""),
                                     pixels_sha256=h.get("pixels_sha256", "")) for h in res.chunk_hashes],
-                applied=[sess.applied.get(c, ([], 0))[0] for c in range(len(res.events))] if sess.player else [])
-        self._served += 1
-        with self._lock:
-            self._active = None  # before "ended" goes out: the client may start again at once
-            self._last = ended
-        sess.conn.post(W.encode(ended))
+                applied=[sess.applied.get(c, ([], 0))[0] for c in range(len(res.events))] if sess.player else [],
+                replica=sess.replica or 0)
+
+    def _end_on_failure(self, sess, reason: str, fatal: bool) -> None:
+        """The session of a replica that died: its client is told why (and, when the server goes
+        down with it, that too); with other replicas serving it gets ``ended`` as a cancelled session."""
+        sess.cancel(reason)
+        sess.state = "ended"
+        sess.conn.post(W.encode(W.Error(message=W.one_line(reason), fatal=fatal)))
+        if not fatal:
+            with sess.cond:
+                sess.conn.post(W.encode(W.Ended(
+                    session=sess.index if sess.index is not None else -1, cancelled=True, reason=W.one_line(reason),
+                    chunks=sess.chunks, chunks_generated=-1, chunks_sent=len(sess.sent), chunks_acked=len(sess.acks),
+                    frames_sent=sess.frames_sent, kv_blocks_used=-1, ring_free=-1, ring_slots=-1, media_discarded=False,
+                    max_unacked=sess.max_unacked, client_blocked_ns=sess.client_blocked_ns,
+                    delivered_clock="client" if sess.same_clock else "ack-receipt", replica=sess.replica or 0)))
+
+    def _refuse_waiting(self, sess, reason: str) -> None:
+        sess.state = "ended"
+        sess.conn.post(W.encode(W.Busy(message=W.one_line(reason))))
+
+    def _tell_moved(self, sess, position: int) -> None:
+        sess.conn.post(W.encode(W.InQueue(position=position, limit=self.opts.queue,
+                                          timeout_s=self.opts.queue_timeout_s)))
 
     # ---- network thread ------------------------------------------------------------------------
     def _start_network(self) -> None:
@@ -554,10 +319,8 @@ class StreamServer:
         """Readiness for load balancers: 200 once warm and serving (the port is bound only then), 503 when stopping."""
         if (refused := refusal(request, self.address, self.opts.allow_origins)) is not None:
             return refused  # the WebSocket's rules: no foreign page or rebound name may read it either
-        stopping = self._stop.is_set()
-        body = {"status": "stopping" if stopping else "ready", "busy": self._active is not None,
-                "sessions_served": self._served, "preset": self.cfg.name if self.cfg else ""}
-        return web.json_response(body, status=503 if stopping else 200)
+        body = {**self.health(), "preset": self.cfg.name if self.cfg else ""}
+        return web.json_response(body, status=200 if body["status"] in ("ready", "degraded") else 503)
 
     async def _handle(self, request):
         refused = origin_error(request.headers.get("Host"), request.headers.get("Origin"), self.address,
@@ -571,7 +334,12 @@ class StreamServer:
             await ws.send_str(W.encode(W.Busy(message=f"too many connections (limit {self.opts.max_connections})")))
             await ws.close(code=1013, message=b"busy")
             return ws
+        if crowded := self._peer_enter(request.remote):
+            await ws.send_str(W.encode(W.Busy(message=crowded)))
+            await ws.close(code=1013, message=b"busy")
+            return ws
         conn = _Conn(ws, asyncio.get_running_loop())
+        conn.peer = request.remote
         self._conns.add(conn)
         pump_task = asyncio.create_task(conn.pump())
         try:
@@ -622,17 +390,29 @@ class StreamServer:
         conn.open = False
         if conn.session is not None:
             conn.session.cancel("client disconnected")
+            if self.router is not None:
+                for waiting, pos in self.router.withdraw(conn.session) or []:  # it left the queue with its client
+                    self._tell_moved(waiting, pos)
         conn.post(None)
+        if conn in self._conns and conn.peer in self._peers:
+            self._peers[conn.peer] = self._peers.get(conn.peer, 1) - 1
         self._conns.discard(conn)
         try:
             await asyncio.wait_for(pump_task, 5.0)
         except (asyncio.TimeoutError, asyncio.CancelledError):
             pump_task.cancel()
 
+    def _peer_enter(self, peer: str | None) -> str | None:
+        """Count a new connection of ``peer`` (its remote address); the refusal when it holds its limit."""
+        if self._peers.get(peer, 0) >= self.opts.max_peer_connections:
+            return f"too many connections from {peer} (limit {self.opts.max_peer_connections} per peer)"
+        self._peers[peer] = self._peers.get(peer, 0) + 1
+        return None
+
     def _idle_left(self, conn: _Conn, last: float) -> float | None:
         """Seconds the connection may still stay silent; None while it runs a session (which has its
         own timeouts). Only messages count: pongs to the server's heartbeat do not."""
-        if conn.session is not None and self._active is conn.session:
+        if conn.session is not None and conn.session.state in ("queued", "running"):
             return None
         return self.opts.idle_timeout_s - (time.monotonic() - last)
 
@@ -649,7 +429,7 @@ class StreamServer:
         if isinstance(msg, W.Start):
             self._start(conn, msg)
         elif isinstance(msg, W.Actions):
-            if s is None or self._active is not s:
+            if s is None or s.state != "running":
                 return self._reject(conn, "actions without a running session: send start first")
             if s.player:
                 return self._reject(conn, "actions in a player session: send input events")
@@ -657,7 +437,7 @@ class StreamServer:
             if err:
                 self._reject(conn, err)
         elif isinstance(msg, W.Input):
-            if s is None or self._active is not s:
+            if s is None or s.state != "running":
                 return self._reject(conn, "input without a running session: send start first")
             if not s.player:
                 return self._reject(conn, 'input in a script session: start it with input "player" (or send actions)')
@@ -671,20 +451,26 @@ class StreamServer:
             if err:
                 self._reject(conn, err)
         elif isinstance(msg, W.Cancel):
-            if s is None or self._active is not s or not s.cancel("client cancelled"):
+            if s is not None and s.state == "queued" and (moved := self.router.withdraw(s)) is not None:
+                self._refuse_waiting(s, "left the queue: cancelled before a replica was free")
+                for waiting, pos in moved:
+                    self._tell_moved(waiting, pos)
+            elif s is None or s.state != "running" or not s.cancel("client cancelled"):
                 self._reject(conn, "no running session to cancel")
         elif isinstance(msg, W.StatusRequest):
+            health = self.health()
             with self._lock:
-                busy, last = self._active is not None, self._last
+                busy, last = health["busy"], self._last
             owner = s is not None and last is not None and s.index == last.session
             if not owner and not token_matches(msg.token, self.operator_token):
                 last = None  # a session's outcome is its own client's business (and the operator's)
-            conn.post(W.encode(W.Status(preset=self.cfg.name, busy=busy, sessions_served=self._served, last=last)))
+            conn.post(W.encode(W.Status(preset=self.cfg.name, busy=busy, sessions_served=self._served, last=last,
+                                        waiting=health["waiting"])))
 
     def _start(self, conn: _Conn, msg: W.Start) -> None:
         cfg = self.cfg
-        if conn.session is not None and self._active is conn.session:
-            return self._reject(conn, "a session is already running on this connection; cancel it first")
+        if conn.session is not None and conn.session.state in ("queued", "running"):
+            return self._reject(conn, f"a session is already {conn.session.state} on this connection; cancel it first")
         if msg.preset != cfg.name:
             return self._reject(conn, f"preset {msg.preset!r} does not match the server's {cfg.name!r}")
         if msg.image is not None:
@@ -697,17 +483,17 @@ class StreamServer:
         sess = _Session(conn, msg, chunks=msg.chunks or cfg.video.chunks_per_session,
                         frames_per_chunk=cfg.video.frames_per_chunk, window=self.opts.window,
                         action_timeout_s=timeout, stall_timeout_s=self.opts.stall_timeout_s)
-        with self._lock:
-            if self._stop.is_set() or (self.opts.max_sessions is not None
-                                       and self._served + (self._active is not None) >= self.opts.max_sessions):
-                conn.post(W.encode(W.Busy(message="server is not accepting new sessions (shutting down)")))
-                return
-            if self._active is not None:
-                conn.post(W.encode(W.Busy(message="server is busy with another session (capacity 1); try again later")))
-                return
-            self._active = sess
+        sess.cap_s = min(session_cap_s(sess.chunks, self.opts.session_cap_s), msg.session_cap_s or float("inf"))
+        if self._stop.is_set() or (self.opts.max_sessions is not None and self.router.owed() >= self.opts.max_sessions):
+            conn.post(W.encode(W.Busy(message="server is not accepting new sessions (shutting down)")))
+            return
         conn.session = sess
-        self._pending.put(sess)
+        outcome, detail = self.router.place(sess)
+        if outcome == "refused":
+            conn.session = None
+            conn.post(W.encode(W.Busy(message=W.one_line(detail))))
+        elif outcome == "queued":
+            self._tell_moved(sess, detail)
 
 
 def listen_main(args) -> int:
@@ -736,8 +522,32 @@ def listen_setup(args, runtime: dict | None = None) -> tuple:
     if args.window is not None and not 1 <= args.window <= 256:
         raise HarnessError(f"--window must be in 1-256 chunks, got {args.window}")
     lo = ListenOptions(host=host, port=port, max_sessions=args.sessions, window=args.window or ListenOptions.window,
-                       **hardening_options(args, cfg))
+                       **hardening_options(args, cfg), **admission_options(args, cfg))
     return cfg, lo
+
+
+def admission_options(args, cfg) -> dict:
+    """ListenOptions fields from --replicas, --replica-gpus, --queue, --queue-timeout, --session-cap and
+    --max-peer-connections, each checked here (before anything starts)."""
+    replicas = getattr(args, "replicas", None)
+    gpus = parse_replica_gpus(getattr(args, "replica_gpus", None), 1 if replicas is None else replicas, cfg.runtime.device)
+    out = {"replicas": 1 if replicas is None else replicas, "replica_gpus": gpus}
+    for flag, name, lo, hi, key in (("--queue", "queue", 1, 1000, "queue"),
+                                    ("--max-peer-connections", "max_peer_connections", 1, ListenOptions.max_connections,
+                                     "max_peer_connections")):
+        v = getattr(args, name, None)
+        if v is not None and not lo <= v <= hi:
+            raise HarnessError(f"{flag} must be in {lo}-{hi}, got {v}")
+        if v is not None:
+            out[key] = v
+    for flag, name, hi, key in (("--queue-timeout", "queue_timeout", 3600, "queue_timeout_s"),
+                                ("--session-cap", "session_cap", 7 * 86400, "session_cap_s")):
+        v = getattr(args, name, None)
+        if v is not None and not 0 < v <= hi:  # also refuses nan
+            raise HarnessError(f"{flag} must be in (0, {hi}] s, got {v}")
+        if v is not None:
+            out[key] = v
+    return out
 
 
 def listen_run(args, cfg, server: "StreamServer", protocol: dict) -> int:
@@ -745,9 +555,13 @@ def listen_run(args, cfg, server: "StreamServer", protocol: dict) -> int:
     faults = dict(parse_fault(f) for f in args.fault)
     server.opts.on_listening = lambda h, p: print(f"listening on ws://{h}:{p}{server.ws_path}", flush=True)
     install_stop(on_stop=server.stop)  # SIGINT and SIGTERM alike: the running session is cancelled, then teardown
+    protocol = {**protocol, "replicas": server.opts.replicas, "queue": server.opts.queue,
+                "queue_timeout_s": server.opts.queue_timeout_s, "session_cap_s": server.opts.session_cap_s,
+                "max_peer_connections": server.opts.max_peer_connections}
     res = serve(cfg, ServeOptions(out=args.out, overwrite=getattr(args, "overwrite", False), candidates=tuple(args.candidate),
                                   hooks=parse_hooks(args.hooks).items(), progress=False, faults=faults, probes=False,
-                                  session_runner=server, protocol=protocol))
+                                  session_runner=server, protocol=protocol, replicas=server.opts.replicas,
+                                  replica_gpus=server.opts.replica_gpus, **launcher_options(args)))
     print("\n".join(run_headline(res.run_dir, res.summary)))
     print(f"  sessions served: {len(res.sessions)} ({sum(r.cancelled for r in res.sessions)} cancelled); "
           "media: with the client (python -m harness client --out DIR), not in media/")

@@ -5,9 +5,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import subprocess
 import time
+from types import SimpleNamespace
 
-from harness.drivers.procwatch import DeathWatch, FirstDeath
+from harness.drivers.launcher import Addressing
+from harness.drivers.procwatch import DeathWatch, FirstDeath, stopped
 from helpers.procs import wait_for
 
 
@@ -47,3 +50,26 @@ def test_deaths_one_look_cannot_order_are_all_candidates():
     assert watch.first_death() == FirstDeath(frozenset({1001, 1002}), after_ns=100, by_ns=200)
     watch.before.add(1001)  # a worker that was there before the watch is someone else's
     assert watch.first_death() == FirstDeath(frozenset({1002}), after_ns=110, by_ns=205)
+
+
+def test_a_stopped_rank_is_the_one_a_stall_names():
+    """SIGSTOP shows in /proc as stopped; a launcher then names that rank for any stage's stall
+    (a stopped encoder backs the ring up into the VAE), and the stage's lead when none is stopped."""
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        def rank(role, n, pid):
+            return SimpleNamespace(role=role, rank=n, name="encoder" if role == "encoder" else f"{role} rank {n}",
+                                   process=SimpleNamespace(pid=pid))
+
+        launcher = Addressing()
+        launcher.procs = [rank("vae", 0, os.getpid()), rank("encoder", 0, child.pid)]
+        assert not stopped(child.pid) and launcher.owing("vae") == "vae rank 0"
+        os.kill(child.pid, signal.SIGSTOP)
+        wait_for(lambda: stopped(child.pid), 10, "the child stopped")
+        assert launcher.owing("vae") == f"encoder (pid {child.pid}, stopped)"
+        os.kill(child.pid, signal.SIGCONT)
+        wait_for(lambda: not stopped(child.pid), 10, "the child running again")
+        assert launcher.owing("vae") == "vae rank 0"
+    finally:
+        child.kill()
+        child.wait()

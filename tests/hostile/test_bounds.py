@@ -42,6 +42,17 @@ BAD_SERVE = [
     (["--candidate", "H5a", "--set", "runtime.scheduler=case-d"], "--set runtime.scheduler=case-d"),
     (["--sessions", "0"], "--sessions must be ≥ 1"),
     (["--chunks", "-1"], "--chunks must be ≥ 1"),
+    # the endpoint's admission and replicas (before any rank starts)
+    (["--listen", "127.0.0.1:0", "--replicas", "0"], "--replicas must be in 1-64"),
+    (["--listen", "127.0.0.1:0", "--replicas", "2", "--replica-gpus", "0"], "lists 1 GPU groups for --replicas 2"),
+    (["--listen", "127.0.0.1:0", "--replicas", "2", "--replica-gpus", "0", "1"], "on the CPU every replica shares"),
+    (["--listen", "127.0.0.1:0", "--queue", "0"], "--queue must be in 1-1000"),
+    (["--listen", "127.0.0.1:0", "--queue-timeout", "0"], "--queue-timeout must be in (0, 3600] s"),
+    (["--listen", "127.0.0.1:0", "--queue-timeout", "nan"], "--queue-timeout must be in (0, 3600] s"),
+    (["--listen", "127.0.0.1:0", "--session-cap", "-5"], "--session-cap must be in (0, 604800] s"),
+    (["--listen", "127.0.0.1:0", "--max-peer-connections", "0"], "--max-peer-connections must be in 1-8"),
+    (["--listen", "127.0.0.1:0", "--api", "vllm-omni", "--replicas", "2"], "one session per server, as production does"),
+    (["--replicas", "2"], "--replicas is an option of the network endpoint: add --listen"),
 ]
 
 

@@ -35,7 +35,9 @@ HEARTBEAT_S = 10.0  # ListenOptions.heartbeat_s, the default
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(["--preset", "tiny", "--warmup-chunks", "0"], tmp_path_factory.mktemp("idle") / "run")
+    # every slot from this one peer: the global limit is what is tested
+    srv = ServerProcess(["--preset", "tiny", "--warmup-chunks", "0", "--max-peer-connections", "8"],
+                        tmp_path_factory.mktemp("idle") / "run")
     yield srv
     if srv.proc.poll() is None:
         srv.stop()

@@ -31,7 +31,8 @@ HOSTILE: list[str] = []  # every hostile or malformed input tried here, by name
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(["--preset", "tiny", "--window", "1", "--idle-timeout", str(IDLE_S), "--warmup-chunks", "2"],
+    srv = ServerProcess(["--preset", "tiny", "--window", "1", "--idle-timeout", str(IDLE_S), "--warmup-chunks", "2",
+                         "--max-peer-connections", "8"],  # every slot from this one peer: the global limit is tested
                         tmp_path_factory.mktemp("hostile") / "run")
     srv.workers_at_start = srv.workers()
     srv.reference = _normal(srv)  # the clean run every later session must reproduce

@@ -81,7 +81,7 @@ def test_each_mode_refuses_the_others_messages():
     for mode, msg, refusal in (("script", W.Input(event_id="a", keys="w", sent_ns=0), "input in a script session"),
                                ("player", W.Actions(chunk=0, actions=["w"] * 3), "actions in a player session")):
         conn, sess = player_session(mode=mode)
-        conn.session, srv._active = sess, sess
+        conn.session, sess.state = sess, "running"  # placed on a replica by the router
         srv._dispatch(conn, W.encode(msg))
         assert isinstance(conn.sent[-1], W.Error) and refusal in conn.sent[-1].message and conn.errors == 1
 
