@@ -216,7 +216,10 @@ def vae_rank_bytes(cfg) -> int:
     positions = v.latent_h * v.latent_w
     scores = positions // vr * positions * b
     pixels = 2 * 3 * v.pixel_frames(1) * v.height * v.width * 4
-    return PROCESS_BYTES + vae_decoder_params(vae) * 4 + cache + act + scores + pixels
+    allocated = vae_decoder_params(vae) * 4 + cache + act + scores + pixels
+    # + 5 %: the allocator's slack — the measured peak of the same decode moves by a few MiB from
+    # one process to the next, and a bound must hold for every one of them
+    return PROCESS_BYTES + allocated + allocated // 20
 
 
 def dit_rank_bytes(cfg) -> int:

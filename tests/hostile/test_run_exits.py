@@ -232,7 +232,7 @@ def test_a_stalled_worker_is_reported_within_the_bound_and_shows_in_the_summary(
     assert st["epoch"] == 0 and st["compile_allowance_s"] == 0.0  # named in the warm-up session: eager mode compiles nothing
     assert st["previous_check_s"] < st["bound_s"] == 1.0 <= st["reported_after_s"] < st["lasted_s"]
     assert "stalled" in res.summary["flags"] and res.summary["stall_report_s"] == 1.0
-    assert "stall: vae made no progress" in capfd.readouterr().err
+    assert "stall: vae (vae rank 0) made no progress" in capfd.readouterr().err  # the stage and its rank
     assert res.summary["status"] == "complete"
     hashes = [(r / "outputs" / "hashes.jsonl").read_text() for r in (clean.run_dir, res.run_dir)]
     assert hashes[0] == hashes[1]  # the stall changed no frame
