@@ -15,6 +15,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -198,24 +199,35 @@ def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, sessions: int =
     return out
 
 
+def timed_decode(eng: VaeEngine, latents: Iterable[torch.Tensor], keep: Callable[[torch.Tensor], Any] | None = None
+                 ) -> tuple[list[float], list]:
+    """One decode session over ``latents`` (each moved to the engine's device before its clock
+    starts): every chunk's host wall ms around synchronised calls, and ``keep`` of every output
+    this rank gets (rank 0's frames; nothing is held when ``keep`` is None)."""
+    s = eng.start_session()
+    times, kept = [], []
+    for lat in latents:
+        lat = lat.to(eng.device)
+        _sync(eng.device)
+        t0 = time.perf_counter()
+        out = eng.decode_chunk(s, lat)
+        _sync(eng.device)
+        times.append((time.perf_counter() - t0) * 1e3)
+        if keep is not None and out is not None:
+            kept.append(keep(out))
+    eng.end_session(s)
+    return times, kept
+
+
 def _vae_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, candidates: tuple[str, ...] = ()) -> dict:
     device = _device_for(cfg, group.rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     eng = VaeEngine(cfg, group=group, device=device, seed=cfg.runtime.seed)
     C.EnginePatches(candidates).apply(vae=eng)  # the VAE candidates (H3a, H3b); DiT ones patch nothing here
-    s = eng.start_session()
     gen = torch.Generator().manual_seed(0)
     shape = (16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)
-    times = []
-    for _ in range(chunks):
-        lat = torch.randn(shape, generator=gen).to(device)
-        _sync(device)
-        t0 = time.perf_counter()
-        eng.decode_chunk(s, lat)
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    eng.end_session(s)
+    times, _ = timed_decode(eng, (torch.randn(shape, generator=gen) for _ in range(chunks)))
     out = {"decode_ms": times, "dtype": str(eng.dtype).removeprefix("torch."), "tf32": eng.conv_tf32}
     if device.type == "cuda":
         out["peak_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30

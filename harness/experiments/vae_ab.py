@@ -12,7 +12,6 @@ session per arm first (cuDNN's algorithm choice, H3a's compilation). The verdict
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import torch
@@ -21,7 +20,7 @@ from harness import candidates as C
 from harness.config import HarnessConfig
 from harness.engine.groups import RankGroup, run_ranks
 from harness.engine.vae_engine import VaeEngine
-from harness.experiments.bench_engine import _device_for, _sync
+from harness.experiments.bench_engine import _device_for, timed_decode
 from harness.measure.gates import frame_metrics, pixel_passes, psnr_db
 
 #: chunk index from which a decode session is steady (chunk 0 is the session's eager first frame)
@@ -35,22 +34,10 @@ def vae_only(specs: list[str], cfg: HarnessConfig) -> bool:
                                   for c, _ in resolved)
 
 
-def _session(eng: VaeEngine, device: torch.device, seed: int, chunks: int) -> tuple[list[float], list[np.ndarray]]:
+def _session(eng: VaeEngine, seed: int, chunks: int) -> tuple[list[float], list[np.ndarray]]:
     g = torch.Generator().manual_seed(seed)
     shape = (eng.model.z_dim, eng.cfg.video.frames_per_chunk, eng.latent_h, eng.latent_w)
-    s = eng.start_session()
-    times, frames = [], []
-    for _ in range(chunks):
-        lat = torch.randn(shape, generator=g).to(device)
-        _sync(device)
-        t0 = time.perf_counter()
-        out = eng.decode_chunk(s, lat)
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-        if out is not None:
-            frames.append(out.cpu().numpy())
-    eng.end_session(s)
-    return times, frames
+    return timed_decode(eng, (torch.randn(shape, generator=g) for _ in range(chunks)), lambda out: out.cpu().numpy())
 
 
 def _rank(group: RankGroup, cfg: HarnessConfig, specs: list[str], order: list[str], chunks: int) -> dict:
@@ -61,7 +48,7 @@ def _rank(group: RankGroup, cfg: HarnessConfig, specs: list[str], order: list[st
         patches = C.EnginePatches(specs if arm == "B" else [])
         patches.apply(vae=eng)
         try:
-            return _session(eng, device, seed, chunks)
+            return _session(eng, seed, chunks)
         finally:
             patches.revert()
 

@@ -23,7 +23,6 @@ frames): the gate a candidate built on a variant would face.
 from __future__ import annotations
 
 import functools
-import math
 import statistics
 import time
 
@@ -35,8 +34,8 @@ from harness.engine.convert import to_uint8
 from harness.engine.groups import RankGroup
 from harness.engine.image import conditioning_image
 from harness.engine.vae_engine import VaeEngine
-from harness.experiments.bench_engine import count_steady_flops, measure_peak_tflops
-from harness.measure.gates import pixel_metrics, pixel_passes
+from harness.experiments.bench_engine import _sync, count_steady_flops, measure_peak_tflops, timed_decode
+from harness.measure.gates import pixel_metrics, pixel_passes, psnr_db
 
 PRESET = "lingbot-480x832"
 #: name → knobs; "reference" is what the harness runs today
@@ -54,16 +53,6 @@ VARIANTS: dict[str, tuple[str, ...]] = {
 }
 
 
-def psnr_db(rmse_unit: float) -> float:
-    """PSNR of frames in [−1, 1] (peak-to-peak 2) from their RMSE; inf when equal."""
-    return math.inf if rmse_unit == 0 else 20 * math.log10(2.0 / rmse_unit)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _engine(preset: str, device: torch.device, knobs: tuple[str, ...]) -> VaeEngine:
     cfg = override(load_preset(preset), parallel={"sp": 1, "vae_ranks": 1},
                    runtime={"vae_dtype": "bfloat16" if "bf16" in knobs else "float32"})
@@ -78,17 +67,8 @@ def _engine(preset: str, device: torch.device, knobs: tuple[str, ...]) -> VaeEng
 
 
 def _session(eng: VaeEngine, latents: list[torch.Tensor], channels_last: bool) -> tuple[list[np.ndarray], list[float]]:
-    s = eng.start_session()
-    pix, times = [], []
-    for lat in latents:
-        x = lat.contiguous(memory_format=torch.channels_last_3d)[0] if channels_last else lat[0]
-        _sync(eng.device)
-        t0 = time.perf_counter()
-        f = eng.decode_chunk(s, x)
-        _sync(eng.device)
-        times.append((time.perf_counter() - t0) * 1e3)
-        pix.append(to_uint8(f).cpu().numpy())
-    eng.end_session(s)
+    inputs = (lat.contiguous(memory_format=torch.channels_last_3d)[0] if channels_last else lat[0] for lat in latents)
+    times, pix = timed_decode(eng, inputs, lambda f: to_uint8(f).cpu().numpy())
     return pix, times
 
 
@@ -121,8 +101,10 @@ def check_vae_layout(chunks: int = 6, variants: tuple[str, ...] = tuple(VARIANTS
         else:
             ms = [pixel_metrics(a, b) for a, b in zip(ref, pix)]
             worst = max(ms, key=lambda m: m["rmse"])
+            psnr = psnr_db(worst["rmse"])  # None: identical frames
             row.update(worst_rmse=round(worst["rmse"], 5), worst_max_abs=round(max(m["max_abs"] for m in ms), 5),
-                       psnr_db=round(psnr_db(worst["rmse"]), 2), exact=all(np.array_equal(a, b) for a, b in zip(ref, pix)),
+                       psnr_db=None if psnr is None else round(psnr, 2),
+                       exact=all(np.array_equal(a, b) for a, b in zip(ref, pix)),
                        gate_pass=all(not pixel_passes(m) for m in ms))
         out["variants"][name] = row
         del eng
