@@ -11,7 +11,7 @@
 #   RES (480x832 or 704x1280: the 4-GPU steps bench4 serve4d serve4e report4 of the production topology),
 #   SCRATCH (where run directories go; default /tmp/harness-gpu), STEP_TIMEOUT (seconds per step, 420),
 #   REPLAY_SP / REPLAY_KV (replay: SP degrees and K lengths), REPLAY_BACKENDS (replayfa3),
-#   TEL_HZ / TEL_ROUNDS (step telemetry: the NVML rate, default 10, and off/on pairs, default 2; CAND adds candidates),
+#   TEL_HZ / TEL_ROUNDS (step telemetry: the NVML rate, default 10, and off/on pairs, default 2; CAND adds candidates, EXTRA serve options),
 #   ARMS (arms: space-separated NAME=ID[+ID…], each A/B'd against one shared baseline in one engine;
 #   with ROUNDS / CHUNKS / LAUNCHES — ≥ 2 fresh processes give every arm a verdict), CAND (benchcand: '+'-joined candidates; DiT only, with a kernel breakdown).
 # One-GPU steps can run side by side on a multi-GPU host, each with its own GPU and scratch folder:
@@ -38,7 +38,7 @@ telemetry_pairs() {
     for arm in off on; do
       local d="$SCRATCH/telemetry-$RES-$M$tag-$arm-$r"; dirs+=("$d")
       step "telemetry-$RES-$M$tag-$arm-$r" $H serve --preset lingbot-$RES --device cuda --mode "$M" --sessions "${SESSIONS:-4}" \
-        $cand $([ $arm = on ] && echo --telemetry "${TEL_HZ:-10}") --out "$d" --no-progress
+        $cand ${EXTRA:-} $([ $arm = on ] && echo --telemetry "${TEL_HZ:-10}") --out "$d" --no-progress
     done
   done
   python3 - "${dirs[@]}" <<'PY' | tee "$SCRATCH/telemetry-$RES-$M$tag.txt"

@@ -41,7 +41,7 @@ from harness.hooks.telemetry import check_telemetry
 from harness.hooks.trace import write_trace
 from harness.limits import check_fits
 from harness.measure.events import ChunkEvent, read_events
-from harness.measure.metrics import Window, window_for
+from harness.measure.metrics import Window, served_chunks, window_for
 from harness.measure.summary import DEFAULT_REFERENCE, SUMMARY_FILE, build_summary, run_summary
 from harness.measure.telemetry import run_telemetry
 from harness.pipeline.encoder import encoder_class
@@ -371,8 +371,9 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
     path = run_dir / "events.jsonl"
     # stopped during start-up, before the file was opened; a failed run's last line may be cut (a full disk)
     events = read_events(path, tolerate_partial_tail=status != "complete") if path.exists() else []
-    window = window_for(cfg.video.chunks_per_session)  # a short session keeps the part of the window it has
     starts = [r.start for r in results]
+    # a short session keeps the part of the window it has; a --listen client picks its own length
+    window = window_for(min(cfg.video.chunks_per_session, served_chunks(events, starts) or cfg.video.chunks_per_session))
     figures = build_summary(events, starts, window=window)
     if "trace" in opts.hooks and events:
         t = time.perf_counter_ns()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -75,21 +76,30 @@ def round_order(names: list[str], r: int) -> list[str]:
 
 
 def run(cfg: HarnessConfig, arms: dict[str, list[str]], rounds: int, chunks: int, kernels: bool = False,
-        launches: int = 1) -> dict:
+        launches: int = 1, on_launch: Callable[[dict], None] | None = None) -> dict:
     """One engine on one device (SP = 1: ``ab-engine`` covers SP > 1, one candidate per launch).
     ``launches`` = 1 runs in this process; more start one fresh process per launch (new weights,
-    new compilation, new allocator), and every arm is judged over the launches."""
+    new compilation, new allocator), and every arm is judged over the launches. ``on_launch`` gets
+    the chunk times of the launches done so far after each one, so that a run stopped in a later
+    launch (a step limit, a crash) still leaves what it measured."""
     cfg = override(cfg, parallel={"sp": 1})
     steady = steady_chunk_index(cfg)
     if chunks <= steady:
         raise HarnessError(f"--chunks {chunks}: sessions need more than {steady} chunks for a steady chunk")
     switches = {n: engine_switches(s, cfg) for n, s in arms.items()}  # every arm refused before the engine is built
-    if launches == 1:
-        runs = [_launch(RankGroup.single(), cfg, arms, switches, rounds, chunks, kernels)]
-    else:
-        backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
-        runs = [run_ranks(_launch, 1, cfg, arms, switches, rounds, chunks, kernels and i == launches - 1,
-                          backend=backend, timeout_s=3600)[0] for i in range(launches)]
+    backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
+    runs: list[dict] = []
+    for i in range(launches):
+        if launches == 1:
+            runs.append(_launch(RankGroup.single(), cfg, arms, switches, rounds, chunks, kernels))
+        else:
+            runs.append(run_ranks(_launch, 1, cfg, arms, switches, rounds, chunks, kernels and i == launches - 1,
+                                  backend=backend, timeout_s=3600)[0])
+        if on_launch is not None:
+            on_launch({"preset": cfg.name, "mode": cfg.runtime.mode, "layers": cfg.model.num_layers, "rounds": rounds,
+                       "launches": launches, "launches_done": len(runs), "chunks": chunks,
+                       "arms": {n: {"candidates": s} for n, s in arms.items()},
+                       "chunk_ms_by_launch": [r["times"] for r in runs], "complete": False})
     names = ["A", *arms]
     out = {"preset": cfg.name, "mode": cfg.runtime.mode, "sp": 1, "layers": cfg.model.num_layers, "rounds": rounds,
            "launches": launches, "chunks": chunks, "steady_from_chunk": steady, "order": " ".join(runs[0]["order"]),
@@ -204,7 +214,8 @@ def main(args) -> int:
     if cfg.runtime.device == "cuda" and not torch.cuda.is_available():
         raise HarnessError("--device cuda but no CUDA device is visible")
     check_backend(cfg.runtime.attention, cfg.runtime.device)  # the baseline's, e.g. one set with --set
-    out = run(cfg, arms, args.rounds, args.chunks or cfg.video.chunks_per_session, args.kernels, args.launches)
+    partial = (lambda rec: write_result(args.json, rec)) if args.json else None
+    out = run(cfg, arms, args.rounds, args.chunks or cfg.video.chunks_per_session, args.kernels, args.launches, partial)
     if args.json:  # the judged arms are on disk before the rates' FLOP count and peak can fail
         write_result(args.json, {**out, "complete": False})
     add_rates(out, cfg, torch.device("cuda:0" if cfg.runtime.device == "cuda" else "cpu"))

@@ -75,6 +75,19 @@ def window_for(chunks_per_session: int, base: Window = DEFAULT_WINDOW) -> Window
     return Window(first_chunk=min(base.first_chunk, last), last_chunk=last, warmup_epochs=base.warmup_epochs)
 
 
+def served_chunks(events, starts, warmup_epochs: int = DEFAULT_WINDOW.warmup_epochs) -> int | None:
+    """The fewest chunks any measured (epoch ≥ ``warmup_epochs``), non-cancelled session reached: a
+    ``serve --listen`` client chooses its own session length, so the steady window is clipped to
+    the sessions actually served, not to the preset's length (None: no such session)."""
+    cancelled = {s.key for s in starts if s.cancelled}
+    reached: dict[tuple[int, int], int] = {}
+    for e in events:
+        key = (e.session, e.epoch)
+        if e.epoch >= warmup_epochs and key not in cancelled:
+            reached[key] = max(reached.get(key, 0), e.chunk + 1)
+    return min(reached.values(), default=None)
+
+
 class Sample(msgspec.Struct, frozen=True):
     session: int
     epoch: int

@@ -88,3 +88,25 @@ def test_launches_give_each_arm_a_verdict_over_fresh_processes(tmp_path, capsys)
     assert arm["gate"]["compared"] == 12 and arm["gate"]["passed"]
     assert arm["launches"] == 2 and arm["ratio"] is not None and "one launch" not in arm["reason"]
     assert "2 launches × 1 rounds" in capsys.readouterr().out
+
+
+def test_a_launch_that_fails_leaves_the_launches_before_it_on_disk(tmp_path, monkeypatch):
+    """A GPU step stopped in launch 2 (a step limit, a crash) lost launch 1's timings with the JSON
+    written only at the end: each finished launch is now on disk before the next one starts."""
+    out, calls = tmp_path / "arms.json", []
+    times = {"A": [[10.0] * 6], "cam": [[9.0] * 6]}
+
+    def fake_run_ranks(fn, n, *a, **kw):  # launch 1 measured, launch 2 dies
+        calls.append(n)
+        if len(calls) == 2:
+            raise RuntimeError("launch 2 died")
+        return [{"times": times}]
+
+    monkeypatch.setattr(ab_arms, "run_ranks", fake_run_ranks)
+    argv = ["ab-arms", "--device", "cpu", "--arm", "cam=H2a", "--rounds", "1", "--chunks", "6", "--launches", "2"]
+    with pytest.raises(RuntimeError, match="launch 2 died"):
+        main([*argv, "--json", str(out)])
+    res = json.loads(out.read_text())
+    assert res["complete"] is False and res["launches_done"] == 1 and res["launches"] == 2
+    assert res["chunk_ms_by_launch"] == [times] and res["arms"] == {"cam": {"candidates": ["H2a"]}}
+    assert not (tmp_path / "arms.json.tmp").exists()

@@ -217,3 +217,22 @@ def test_interval_p50_and_fps_p50_are_one_sample(interval_ms):
     b = boundary_summary(sel, BootstrapDef(0, 0, 0.95, "sessions"), None)
     assert b.intervals.p50_ms == pytest.approx(948.8)
     assert b.fps_median == pytest.approx(12 / 0.9488)  # 12.65, not 12.00
+
+
+def test_served_chunks_clips_the_window_to_the_sessions_a_listen_server_served():
+    """A --listen client picks its session length: a server whose clients asked for 5 chunks must
+    measure chunks 4 of those sessions, not report "no steady samples" for a 10-chunk window."""
+    from helpers.events import make_session
+
+    warm, w0 = make_session(0, 0, n_chunks=10)  # the warm-up is never measured: its length does not count
+    five, s1 = make_session(1, 1, start=10_000 * MS, n_chunks=5)
+    seven, s2 = make_session(2, 2, start=20_000 * MS, n_chunks=7)
+    short, s3 = make_session(3, 3, start=30_000 * MS, n_chunks=2)
+    s3 = msgspec.structs.replace(s3, cancelled=True)  # a cancelled session's length does not count either
+    events, starts = warm + five + seven + short, [w0, s1, s2, s3]
+    assert M.served_chunks(events, starts) == 5
+    assert M.served_chunks(warm, [w0]) is None
+    window = M.window_for(min(10, M.served_chunks(events, starts)))
+    sel = M.steady_intervals(events, "cpu_ready", sessions=starts, window=window)
+    assert (window.first_chunk, window.last_chunk) == (4, 4)
+    assert sel.n == 2 and sorted({s.session for s in sel.samples}) == [1, 2]
