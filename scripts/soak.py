@@ -1,8 +1,9 @@
 """Soak ``serve --listen`` (issue 28): N sessions (default 210) through the WebSocket with
 disconnects mixed in (harness.experiments.soak), then the checks: true outcomes recorded, resident
-memory drift ≤ 1 % between the first and last thirds, nothing left behind. Exit 1 on a problem.
+memory drift ≤ 1 % between the first and last thirds (their medians; each process's own drift
+printed beside), nothing left behind. Exit 1 on a problem.
 
-    python scripts/soak.py [--sessions 210] [--chunks 2] [--out DIR]
+    python scripts/soak.py [--sessions 210] [--chunks 2] [--out DIR] [--series]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def main() -> int:
     ap.add_argument("--sessions", type=int, default=210)
     ap.add_argument("--chunks", type=int, default=2)
     ap.add_argument("--out", help="the server's run directory (default: a new temporary directory)")
+    ap.add_argument("--series", action="store_true", help="print each process's resident MiB after every session")
     args = ap.parse_args()
     if args.sessions < 3 or args.chunks < 1:
         print("error: --sessions must be ≥ 3 and --chunks ≥ 1", file=sys.stderr)
@@ -35,15 +37,18 @@ def main() -> int:
                    progress=lambda i, s: i % every or print(f"  {i:4d} {s.kind:<12} {s.outcome:<12} rss {s.rss / 2**20:.0f} MiB", flush=True))
     counts = {k: sum(s.kind == k for s in res.sessions) for k in soak.KINDS}
     print(f"{len(res.sessions)} sessions in {time.monotonic() - t0:.0f} s: " + ", ".join(f"{k} {n}" for k, n in counts.items()))
-    print(f"resident memory (server + workers): first third {res.rss_first / 2**20:.1f} MiB, "
-          f"last third {res.rss_last / 2**20:.1f} MiB, drift {100 * res.drift:+.3f} % (allowed {100 * soak.MAX_DRIFT:g} %)")
-    first, last = res.sessions[len(res.sessions) // 3], res.sessions[-1]
-    for pid, rss in sorted(last.rss_by_pid.items()):
-        print(f"  pid {pid}{' (server)' if pid == server.pid else ''}: {first.rss_by_pid.get(pid, 0) / 2**20:.1f} MiB at "
-              f"session {len(res.sessions) // 3}, {rss / 2**20:.1f} MiB at the last")
+    t, mib = res.total, 2**-20
+    print(f"resident memory (server + workers, medians): first third {t.first * mib:.1f} MiB, "
+          f"last third {t.last * mib:.1f} MiB, drift {100 * t.drift:+.3f} % (allowed {100 * soak.MAX_DRIFT:g} %)")
+    for name, d in res.processes.items():
+        print(f"  {name:<8} first third {d.first * mib:7.1f} MiB, last third {d.last * mib:7.1f} MiB, "
+              f"drift {100 * d.drift:+.3f} %, range {d.low * mib:.1f}-{d.high * mib:.1f} MiB")
+    if args.series:
+        for name in res.processes:
+            print(f"  {name:<8} " + " ".join(f"{s.rss_by_process[name] * mib:.0f}" for s in res.sessions))
     samples = out.parent / "soak.json"  # beside the run directory, not in it
     samples.write_text(json.dumps([{"kind": s.kind, "outcome": s.outcome, "session": s.session, "rss": s.rss,
-                                    "rss_by_pid": s.rss_by_pid} for s in res.sessions]))
+                                    "rss_by_pid": s.rss_by_pid, "rss_by_process": s.rss_by_process} for s in res.sessions]))
     print(f"run directory: {out}; every session's samples: {samples}")
     for p in res.problems:
         print(f"  problem: {p}")

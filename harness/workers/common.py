@@ -28,6 +28,7 @@ from harness.engine.groups import RankGroup
 from harness.hooks.active import ActiveHooks, activate
 from harness.hooks.telemetry import Sampler, load_nvml, nvml_reader
 from harness.pipeline import messages as M
+from harness.workers.heap import flight_recorder_off
 
 Role = Literal["dit", "vae", "encoder"]
 
@@ -56,6 +57,7 @@ def process_setup(spec: WorkerSpec) -> None:
     kernel kill this process if the driver dies without reaping it, so no rank outlives a run.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    flight_recorder_off()  # before any process group: its records would grow for the server's first sessions
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

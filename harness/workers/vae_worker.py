@@ -19,6 +19,7 @@ from harness.hooks import context as hctx
 from harness.measure.clock import now
 from harness.pipeline import messages as M
 from harness.pipeline.ring import FrameRing, RingSpec
+from harness.workers.heap import trim_heap
 from harness.workers.common import (
     GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, process_setup,
     hooks_on, reported_errors, shutdown_groups, synchronize,
@@ -137,6 +138,8 @@ def _loop(spec, conn, ring, engine, out, sessions, timer, lead, device) -> None:
             s = sessions.pop(msg.session, None)
             if s is not None:
                 engine.end_session(s)
+            del s
+            trim_heap()  # before the reply: the driver sees the session ended with the lead's heap settled
             if lead:
                 M.send(conn, M.SessionEnded(role="vae", session=msg.session,
                                             stats={"ring_free": ring.free_count() if ring else 0}))
