@@ -26,7 +26,7 @@ from pathlib import Path
 import aiohttp
 
 from harness.drivers.procwatch import rss_bytes, wait_gone
-from harness.experiments.scenarios.server_process import ServerProcess
+from harness.experiments.scenario.server_process import ServerProcess
 from harness.measure.events import read_run
 from harness.serving.client import ViewerOptions, run_sessions, status
 

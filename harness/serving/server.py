@@ -43,9 +43,9 @@ from aiohttp import WSMsgType, web
 
 from harness.config import override
 from harness.drivers.driver import SessionControl
-from harness.drivers.options import launcher_options, resolve_config
+from harness.drivers.config_options import launcher_options, resolve_config
 from harness.drivers.replicas import parse_replica_gpus
-from harness.drivers.serve import ServeOptions, serve
+from harness.drivers.serve_run import ServeOptions, serve
 from harness.drivers.signals import install as install_stop
 from harness.errors import HarnessError
 from harness.hooks import parse_hooks

@@ -13,7 +13,7 @@ import sys
 import msgspec
 import pytest
 
-from harness.experiments.scenarios.server_process import REPO_ROOT, ServerProcess
+from harness.experiments.scenario.server_process import REPO_ROOT, ServerProcess
 from harness.measure.events import ChunkEvent
 from harness.measure.interaction import InteractionLog, invariants
 from harness.serving import protocol as W

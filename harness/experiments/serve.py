@@ -20,8 +20,8 @@ from typing import Literal
 import msgspec
 
 from harness.config import HarnessConfig, override
-from harness.drivers.options import launcher_options, resolve_config
-from harness.drivers.serve import ServeOptions, ServeResult, serve
+from harness.drivers.config_options import launcher_options, resolve_config
+from harness.drivers.serve_run import ServeOptions, ServeResult, serve
 from harness.errors import HarnessError
 from harness.hooks import parse_hooks
 from harness.measure import figures as F

@@ -48,7 +48,7 @@ from harness.measure import tails as T
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, read_run
 from harness.measure.stages import INTERVALS, STAGE_NAMES, STAGES
 from harness.measure.setting import flag_lines, run_setting
-from harness.measure.telemetry import TELEMETRY_FIGURES, telemetry_line
+from harness.measure.telemetry_figures import TELEMETRY_FIGURES, telemetry_line
 from harness.measure.summary import FLAG_STALLED, FLAG_THROTTLED, RULE_SCHEMA, SUMMARY_FILE, build_summary, dist, upgrade_summary
 
 PLOT_BOUNDARIES: tuple[str, ...] = ("cpu_ready", "encoded", "delivered")
