@@ -1,4 +1,5 @@
-"""``serve``: launch the topology, run the sessions, write the run directory.
+"""One serve run, below the ``serve`` command (``experiments.serve``): launch the topology, run the
+sessions, write the run directory.
 
 Order of business: validate and create the run directory (so a bad output path fails before any
 process starts), create the frame ring, launch the ranks, run warm-up + measured sessions, write

@@ -1,4 +1,6 @@
-"""Measurement protocols (DESIGN §4): how many sessions a serve runs and what its summary adds.
+"""``serve``: the command (``main``: the embedded driver, or the endpoint with ``--listen``) and its
+measurement protocols (DESIGN §4): how many sessions a serve runs and what its summary adds. The
+run itself — launch, sessions, run directory — is ``drivers.serve_run``.
 
 - ``timing``: 1 warm-up + the measured sessions of the config (``--sessions`` counts them all);
   steady chunks 5–8 (clipped to shorter sessions by ``metrics.window_for``).
