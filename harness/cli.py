@@ -14,14 +14,14 @@ import argparse
 import importlib
 import sys
 
-from harness.drivers.options import add_serve_options, add_set_option
+from harness.drivers.config_options import add_serve_options, add_set_option
 from harness.drivers.signals import install as install_signals
 from harness.errors import HarnessError, report
 from harness.experiments.load_options import add_load_arguments, add_sweep_arguments
-from harness.experiments.pipeline_bench import add_arguments as add_pipeline_bench_arguments
+from harness.experiments.bench_pipeline import add_arguments as add_bench_pipeline_arguments
 from harness.experiments.replay import add_replay_arguments
-from harness.experiments.scenarios import add_scenario_arguments
-from harness.serving.options import add_client_arguments, add_compare_servers_arguments, add_serve_command
+from harness.experiments.scenario import add_scenario_arguments
+from harness.serving.cli_options import add_client_arguments, add_compare_servers_arguments, add_serve_command
 
 MODES = ["eager", "compiled", "deterministic"]
 
@@ -128,24 +128,24 @@ def _no_options(p: argparse.ArgumentParser) -> None:
 #: name → (help, the function adding its options, the module and function that run it)
 COMMANDS: dict[str, tuple[str, object, str]] = {
     "serve": ("serve the DiT/VAE topology end to end and write a run directory", add_serve_command,
-              "harness.experiments.protocols:main"),
+              "harness.experiments.serve:main"),
     "bench-engine": ("time the engine alone: DiT per chunk/forward, VAE decode, FLOPs and MFU", _bench_engine,
                      "harness.experiments.bench_engine:main"),
     "ab-engine": ("A/B of a DiT-engine candidate (H1a, H1b, H2a) or a VAE one (H3a, H3b) inside one engine: gate, "
-                  "steady-chunk ratio with a launch-level interval, verdict", _ab_engine, "harness.experiments.engine_ab:main"),
+                  "steady-chunk ratio with a launch-level interval, verdict", _ab_engine, "harness.experiments.ab_engine:main"),
     "ab-arms": ("several DiT-engine candidates, each judged like ab-engine against one shared baseline in one engine "
                 "(SP = 1)", _ab_arms, "harness.experiments.ab_arms:main"),
-    "gate": ("numeric gate between two runs' saved outputs (exit 0 only on pass)", _gate, "harness.experiments.rundirs:gate_main"),
+    "gate": ("numeric gate between two runs' saved outputs (exit 0 only on pass)", _gate, "harness.experiments.gate:main"),
     "compare": ("interleaved A/B (A B A B …) of --candidate against --baseline, numeric gate first", _compare,
                 "harness.experiments.compare:main"),
     "report": ("report.md with tables and PNG plots for one or more run directories", _report,
-               "harness.experiments.rundirs:report_main"),
+               "harness.experiments.report:main"),
     "verdicts": ("every candidate's gate, ratio, interval, A/A floor and verdict in one table, from compare directories "
                  "and ab-engine JSON files", _verdicts, "harness.experiments.verdicts:main"),
     "candidates": ("list the optimisation candidates: id, gate, needs, conflicts, what they change", _no_options,
                    "harness.candidates:print_table"),
     "scenario": ("stress the serving path (DESIGN §7): prints what it saw, exits 1 when an invariant breaks", _scenario,
-                 "harness.experiments.scenarios:main"),
+                 "harness.experiments.scenario:main"),
     "client": ("viewer for serve --listen: paced playback, underruns, stall time, media file", add_client_arguments,
                "harness.serving.client:main"),
     "compare-servers": ("A/B of two servers of vLLM-Omni's realtime API (client runs A B A B …, launch-level verdict at "
@@ -153,7 +153,7 @@ COMMANDS: dict[str, tuple[str, object, str]] = {
     "replay": ("time inputs captured with --hooks capture (or --synthetic shapes) on every attention/GEMM/conv backend",
                add_replay_arguments, "harness.experiments.replay:main"),
     "bench-pipeline": ("time the transport primitives alone: frame ring, socket channel, FFV1 encoders (JSON lines)",
-                       add_pipeline_bench_arguments, "harness.experiments.pipeline_bench:main"),
+                       add_bench_pipeline_arguments, "harness.experiments.bench_pipeline:main"),
     "load": ("open-loop sessions (Poisson, bursts, a trace) against a server: queue wait, TTFC, cadence, refusals, "
              "goodput against an SLO, early stopping, time slices; one run directory", add_load_arguments,
              "harness.experiments.load:main"),

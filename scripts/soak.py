@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from harness.experiments import soak
-from harness.experiments.scenarios import ServerProcess
+from harness.experiments.scenario import ServerProcess
 
 
 def main() -> int:

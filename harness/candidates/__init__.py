@@ -96,7 +96,7 @@ def _available(need: str, device: str) -> bool:
     if need == "fp8":  # e4m3 GEMMs: CPU, or a GPU of compute capability ≥ 8.9
         if device != "cuda":
             return True
-        # Imported here, not at the top: the command line imports this registry (drivers.options)
+        # Imported here, not at the top: the command line imports this registry (drivers.config_options)
         # to build its parser, and torch would cost every --help about 1.5 s.
         import torch
 

@@ -124,7 +124,7 @@ def stall_watch(cfg: HarnessConfig, session: int, epoch: int, sink: list[dict]) 
 
 
 @dataclass
-class _Session:
+class _SessionInFlight:
     """One session as the driver runs it: the boundaries it stamped, the chunks in flight."""
 
     session: int
@@ -195,7 +195,7 @@ class Driver:
                     control: "SessionControl | None" = None) -> SessionResult:
         cfg = self.cfg
         ctl = control or SessionControl()
-        s = _Session(session=session, epoch=epoch, n=chunks or cfg.video.chunks_per_session, ctl=ctl,
+        s = _SessionInFlight(session=session, epoch=epoch, n=chunks or cfg.video.chunks_per_session, ctl=ctl,
                      case_e=cfg.runtime.scheduler == "case-e", save=epoch in cfg.runtime.save_epochs,
                      actions=ctl.actions or (lambda c: actions_for(seed, c, cfg.video.frames_per_chunk)))
         s.start_ns = now()
@@ -203,7 +203,7 @@ class Driver:
         self._drive(s)
         return self._conclude(s)
 
-    def _open(self, s: _Session, seed: int) -> None:
+    def _open(self, s: _SessionInFlight, seed: int) -> None:
         L = self.launcher
         start_msg = M.StartSession(session=s.session, epoch=s.epoch, seed=seed, prompt=s.ctl.prompt or f"session {s.session}",
                                    image_seed=seed)
@@ -211,7 +211,7 @@ class Driver:
         L.fanout("dit", start_msg)
         L.fanout("vae", start_msg)
 
-    def _drive(self, s: _Session) -> None:
+    def _drive(self, s: _SessionInFlight) -> None:
         """Submit chunks and decodes as the schedule allows and take the ranks' replies until every
         chunk is delivered (or, once cancelled, every chunk in flight is finished and discarded)."""
         L, ctl, timeout = self.launcher, s.ctl, self.cfg.runtime.rank_timeout_s
@@ -246,14 +246,14 @@ class Driver:
         owing = getattr(self.launcher, "owing", None)  # a test's stand-in launcher may have none
         return owing(stage) if owing is not None else stage
 
-    def _submit_chunk(self, s: _Session) -> None:
+    def _submit_chunk(self, s: _SessionInFlight) -> None:
         c = s.next_chunk
         acts = s.actions(c)
         s.stamps[c]["submit"] = now()
         self.launcher.fanout("dit", M.GenerateChunk(session=s.session, chunk=c, actions=acts))
         s.next_chunk, s.dit_busy = c + 1, True
 
-    def _submit_decodes(self, s: _Session) -> None:
+    def _submit_decodes(self, s: _SessionInFlight) -> None:
         """Hand waiting latents to the VAE, up to ``max_pending_decodes`` in flight."""
         while s.waiting and len(s.decoding) < self.cfg.runtime.max_pending_decodes:
             c, lat = s.waiting.popleft()
@@ -262,7 +262,7 @@ class Driver:
             s.decoding.append(c)
             self._io.submit(self._keep_latent, s.epoch, c, lat.latent, s.save, s.hashes[c])
 
-    def _on_reply(self, s: _Session, proc, msg) -> None:
+    def _on_reply(self, s: _SessionInFlight, proc, msg) -> None:
         if isinstance(msg, M.LatentReady):
             self._on_latent(s, msg)
         elif isinstance(msg, M.FramesReady):
@@ -272,7 +272,7 @@ class Driver:
         else:
             raise RankFailed(f"unexpected {type(msg).__name__} from {proc.name} in session {s.session}")
 
-    def _on_latent(self, s: _Session, msg: M.LatentReady) -> None:
+    def _on_latent(self, s: _SessionInFlight, msg: M.LatentReady) -> None:
         t = now()
         s.stamps[msg.chunk].update(dit_start=msg.dit_start, dit_end=msg.dit_end, latent_ready=t)
         s.extra[msg.chunk]["gpu_ms"].update({f"dit_{k}" if k != "dit" else k: v for k, v in msg.gpu_ms.items()})
@@ -282,7 +282,7 @@ class Driver:
         else:
             s.waiting.append((msg.chunk, msg))
 
-    def _on_frames(self, s: _Session, msg: M.FramesReady) -> None:
+    def _on_frames(self, s: _SessionInFlight, msg: M.FramesReady) -> None:
         s.stamps[msg.chunk].update(decode_start=msg.decode_start, decode_end=msg.decode_end, gpu_ready=msg.gpu_ready,
                                    cpu_ready=msg.cpu_ready)
         extra = s.extra[msg.chunk]
@@ -295,7 +295,7 @@ class Driver:
         L = self.launcher
         L.send(L.lead("encoder"), M.EncodeChunk(frames=msg, save_pixels=s.save and not s.cancelled, discard=s.cancelled))
 
-    def _on_delivered(self, s: _Session, msg: M.ChunkDelivered) -> None:
+    def _on_delivered(self, s: _SessionInFlight, msg: M.ChunkDelivered) -> None:
         s.stamps[msg.chunk].update({k: v for k, v in (("received", msg.received), ("encoded", msg.encoded),
                                                       ("delivered", msg.delivered)) if v is not None})
         s.extra[msg.chunk]["blocked_ns"].update({k: v for k, v in msg.blocked_ns.items() if v})
@@ -306,7 +306,7 @@ class Driver:
         if self.on_chunk:
             self.on_chunk(self._event(s.session, s.epoch, msg.chunk, s.stamps, s.extra, s.cancelled), msg)
 
-    def _conclude(self, s: _Session) -> SessionResult:
+    def _conclude(self, s: _SessionInFlight) -> SessionResult:
         """End the session on every rank and gather its result; a cancelled session's chunks that
         never reached the encoder still get their event row."""
         media, kv, ring_free = self._end_session(s.session, discard=s.cancelled and not s.ctl.keep_partial_media)

@@ -19,7 +19,7 @@ from harness.errors import HarnessError
 #: backend name → "module:class" (imported only by the rank that builds it)
 DIT_BACKENDS = {
     "reference": "harness.engine.dit_engine:DitEngine",
-    "vllm-omni": "harness.engine.omni.dit_engine:OmniDitEngine",
+    "vllm-omni": "harness.engine.omni.omni_dit_engine:OmniDitEngine",
 }
 
 

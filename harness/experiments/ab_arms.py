@@ -7,13 +7,13 @@
 initialisation and a compilation warm-up per arm, several minutes before the first measured
 chunk. Here the engine is built and the baseline compiled once, and every arm (a '+'-joined
 candidate list, e.g. ``H6a+H1b:fa3``) is one more engine state: its runtime switches and DiT
-patches applied for its sessions and reverted after, by the same ``engine_ab.EngineArm`` that
+patches applied for its sessions and reverted after, by the same ``ab_engine.EngineArm`` that
 ``ab-engine`` uses for its arms.
 
 Round r runs one session of the baseline (A) and of every arm, all with seed r, in an order
 rotated by r (a slow drift of the machine weighs on every arm alike). Each arm is then judged
 with ``ab-engine``'s own functions: the threshold/exact gate over every chunk against the same
-round's A session, then the ratio of medians of the steady chunks (``engine_ab.judge_gated``).
+round's A session, then the ratio of medians of the steady chunks (``ab_engine.judge_gated``).
 By default a run is one launch, so the ratio's interval is the within-launch one and the verdict
 reads "no verdict: one launch" (a screen). ``--launches N`` runs N fresh processes, each building
 the engine and every arm, and judges each arm over the launches like ``ab-engine --launches N``:
@@ -32,7 +32,7 @@ import torch
 
 from harness import candidates as C
 from harness.config import HarnessConfig, override
-from harness.drivers.options import base_config
+from harness.drivers.config_options import base_config
 from harness.engine.attention import check_backend
 from harness.engine.groups import RankGroup, run_ranks
 from harness.errors import HarnessError
@@ -46,7 +46,7 @@ from harness.experiments.bench_engine import (
     write_result,
 )
 from harness.experiments.compare import gate_kind
-from harness.experiments.engine_ab import EngineArm, engine_switches, judge_gated, latent_bytes, ratio_columns, session_actions
+from harness.experiments.ab_engine import EngineArm, engine_switches, judge_gated, latent_bytes, ratio_columns, session_actions
 from harness.experiments.kernel_profile import ProfileChunk
 from harness.measure import stats as S
 from harness.measure.kernels import render

@@ -21,7 +21,7 @@ import torch
 
 from harness import candidates as C
 from harness.config import HarnessConfig, override
-from harness.drivers.options import base_config
+from harness.drivers.config_options import base_config
 from harness.drivers.procwatch import rss_bytes
 from harness.engine import fa3
 from harness.engine.attention import check_backend

@@ -48,13 +48,13 @@ import msgspec
 
 from harness.candidates import configure, get, resolve, split_id
 from harness.config import HarnessConfig, to_dict, upgrade_recorded
-from harness.drivers.options import resolve_config
+from harness.drivers.config_options import resolve_config
 from harness.drivers.rundir import REPO_ROOT
 from harness.drivers.runstate import refuse_unfinished
-from harness.drivers.serve import ServeOptions, serve
+from harness.drivers.serve_run import ServeOptions, serve
 from harness.errors import EXIT_FAIL, HarnessError
 from harness.experiments.compare_report import gate_line, pct_text, summary_lines, write_outputs
-from harness.experiments.protocols import protocol_for, serve_options
+from harness.experiments.serve import protocol_for, serve_options
 from harness.hooks import parse_hooks
 from harness.limits import MAX_JSON_BYTES, read_bounded
 from harness.measure import metrics as M

@@ -35,7 +35,7 @@ from harness.drivers.rundir import command_line, new_run_dir, release_reserve, v
 from harness.drivers.runstate import owner_record
 from harness.errors import HarnessError, RunFailed
 from harness.experiments import load_sessions as S
-from harness.experiments.scenarios.server_process import ServerProcess
+from harness.experiments.scenario.server_process import ServerProcess
 from harness.measure import arrivals as A
 from harness.measure.clock import now
 from harness.measure.events import ChunkEvent, SessionStart
@@ -47,7 +47,7 @@ from harness.measure.summary import SUMMARY_FILE, build_summary, run_summary
 from harness.serving import client as C
 from harness.serving import omni_client as OC
 from harness.serving import omni_protocol as O
-from harness.serving.options import add_serve_command
+from harness.serving.cli_options import add_serve_command
 from harness.serving.protocol import boot_id, one_line
 
 REFERENCE = "delivered"

@@ -31,7 +31,7 @@ import aiohttp
 
 from harness.config import load_preset
 from harness.drivers.procwatch import rss_bytes, start_time, wait_gone
-from harness.experiments.scenarios.server_process import ServerProcess, preset_of
+from harness.experiments.scenario.server_process import ServerProcess, preset_of
 from harness.measure.events import read_run
 from harness.serving.client import ViewerOptions, run_sessions, status
 

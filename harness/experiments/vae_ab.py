@@ -7,7 +7,7 @@ PSNR ≥ 46 dB on [−1, 1] — and max|Δ| ≤ 0.03; exact: bit-identical), wit
 max|Δ| reported. Timings are per-chunk decode milliseconds, the device synchronised around each;
 a session's first chunk (the eager "Rep" frame) is left out of the steady figure. One unmeasured
 session per arm first (cuDNN's algorithm choice, H3a's compilation). The verdict is
-``engine_ab``'s: launches are the unit, a failed gate gives no verdict.
+``ab_engine``'s: launches are the unit, a failed gate gives no verdict.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """GPU telemetry through NVML (``--telemetry HZ``, ``runtime.telemetry_hz``): in every process that
 owns a GPU, a thread reads the GPU's power, SM clock, memory used, utilisation, temperature and
 clock-event (throttle) reasons at a fixed rate into ``telemetry.<role><rank>.jsonl``, one
-``measure.telemetry.TelemetrySample`` a line, on the harness's clock. ``measure.telemetry`` turns
+``measure.telemetry_figures.TelemetrySample`` a line, on the harness's clock. ``measure.telemetry_figures`` turns
 the files into energy per frame, mean power and the throttle flag.
 
 NVML is ``nvidia-ml-py`` (``pynvml``, the ``gpu`` extra), imported only when telemetry is asked
@@ -21,7 +21,7 @@ import msgspec
 
 from harness.errors import HarnessError
 from harness.measure.clock import now
-from harness.measure.telemetry import TelemetrySample, reason_table, throttle_names
+from harness.measure.telemetry_figures import TelemetrySample, reason_table, throttle_names
 
 #: the highest rate asked for: NVML's power reading itself is refreshed at most every few ms, and
 #: each reading takes the sampling process's GIL

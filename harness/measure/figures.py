@@ -216,15 +216,15 @@ _TABLE: tuple[Figure, ...] = (
     Figure(name="client_read_fps", label="read fps", unit="frames/s", where="playout.read_fps",
            formula="frames of chunks 1… ÷ (last chunk's receipt − first chunk's receipt), client clock: the rate the "
                    "media arrived at (chunk 0 opens the span, so its frames are not counted)"),
-    # ---- GPU telemetry (--telemetry HZ: NVML samples, measure.telemetry) ----------------------
+    # ---- GPU telemetry (--telemetry HZ: NVML samples, measure.telemetry_figures) ----------------------
     Figure(name="energy_per_frame", label="energy J/frame", keys=("energy_per_frame_j",), unit="J/frame",
-           where="telemetry.summarize",
+           where="telemetry_figures.summarize",
            formula="Σ over steady intervals (cpu_ready(i−1), cpu_ready(i)] and GPUs of ∫ power dt (trapezoid through the "
                    "NVML readings, interpolated at the interval's ends) ÷ Σ frames of those intervals; an interval the "
                    "readings do not cover is left out (intervals_uncovered)"),
-    Figure(name="power_mean", label="GPU power mean W", keys=("power_mean_w",), unit="W", where="telemetry.summarize",
+    Figure(name="power_mean", label="GPU power mean W", keys=("power_mean_w",), unit="W", where="telemetry_figures.summarize",
            formula="the same energy ÷ Σ time of the same steady intervals: the mean power of all the run's GPUs together"),
-    Figure(name="telemetry_gpus", label="GPUs sampled", keys=("gpus",), unit="GPUs", where="telemetry.by_gpu",
+    Figure(name="telemetry_gpus", label="GPUs sampled", keys=("gpus",), unit="GPUs", where="telemetry_figures.by_gpu",
            formula="distinct GPUs (NVML UUID) the samples came from; a GPU sampled by two processes is one series"),
     # ---- action-to-photon (a player session: client --player, scenario interactive; DESIGN §4) ---
     Figure(name="arm", label="arm", unit="—", where="interaction.A2PSummary",
@@ -338,7 +338,7 @@ _FLAGS: tuple[tuple[str, str], ...] = (
     ("has_cancelled", "some sessions were cancelled: counted, but they give no sample"),
     ("order_violations", "some chunk's boundaries are out of order or recorded twice: the table contradicts itself (invalid)"),
     ("no_session_starts", "no session start was recorded: TTFC and rollout figures are absent"),
-    ("clocks_throttled", "--telemetry: NVML reported a clock-lowering reason (measure.telemetry.THROTTLING: power cap, "
+    ("clocks_throttled", "--telemetry: NVML reported a clock-lowering reason (measure.telemetry_figures.THROTTLING: power cap, "
                          "thermal or hardware slowdown) on a GPU sample inside a steady interval; the reasons and their "
                          "sample counts are summary.json's telemetry.throttle_reasons"),
     ("stalled", "a stage owing the driver a reply made no progress for runtime.stall_report_s (plus "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from harness.measure import figures as F
 from harness.measure.setting import flag_lines, run_setting
-from harness.measure.telemetry import telemetry_line
+from harness.measure.telemetry_figures import telemetry_line
 
 #: the boundaries the headline has a row for, in data-flow order
 HEADLINE_BOUNDARIES = ("cpu_ready", "encoded", "delivered")

@@ -19,7 +19,7 @@ Rules, stated once:
   A and B share each launch). No verdict with fewer than 2 launches per arm. Faster / slower only
   when the whole interval is below / above 1; equivalent when it lies within 1 ± margin; no
   verdict (not final: more launches narrow it) when its ends lie beyond ×/÷WIDEST_FACTOR of the
-  ratio, which is then reported without them. Student's t is SciPy's.
+  ratio, which is then reported without them. Student's t and the normal are SciPy's.
 - **Sequential looks**: ``compare --until-resolved`` looks after every round; each look's interval is
   taken at the nominal level an O'Brien–Fleming-type alpha-spending plan gives it, so the chance of
   any false faster/slower over all looks is about α (the plan's boundaries are a normal
@@ -31,11 +31,11 @@ from __future__ import annotations
 import functools
 import math
 from fractions import Fraction
-from statistics import NormalDist
 from typing import Callable, Literal, Sequence
 
 import msgspec
 import numpy as np
+from scipy.stats import norm as _normal
 from scipy.stats import t as _student_t
 
 #: A statistic over bootstrap replicates: rows are replicates, NaN pads the unused tail of a row.
@@ -207,9 +207,6 @@ def bootstrap_percentile(sessions: Sequence[Sequence[float] | np.ndarray], p: fl
 
 # ---- distributions ---------------------------------------------------------------------------
 
-_NORMAL = NormalDist()
-
-
 def t_two_sided_p(t, df) -> np.ndarray:
     """P(|T| ≥ |t|) for Student's t with ``df`` degrees of freedom (df may be fractional: Welch)."""
     return 2 * _student_t.sf(np.abs(np.asarray(t, dtype=np.float64)), np.asarray(df, dtype=np.float64))
@@ -238,16 +235,15 @@ def spending_levels(looks: tuple[int, ...], alpha: float = 0.05) -> tuple[float,
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
     if len(looks) == 1:
         return (alpha,)
-    z_half = _NORMAL.inv_cdf(1 - alpha / 2)
-    spent = [2 - 2 * _NORMAL.cdf(z_half / math.sqrt(n / looks[-1])) for n in looks]
+    z_half = float(_normal.isf(alpha / 2))
+    spent = [2 * float(_normal.sf(z_half / math.sqrt(n / looks[-1]))) for n in looks]
     grid = np.linspace(-10, 10, 1001)
     h = grid[1] - grid[0]
-    phi = lambda z: np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
-    dens, cont, levels, before = phi(grid), None, [], 0.0
+    dens, cont, levels, before = _normal.pdf(grid), None, [], 0.0
     for k, n in enumerate(looks):
         if cont is not None:  # density of Z_k over the paths that crossed no earlier boundary
             s0, s1, sd = math.sqrt(looks[k - 1]), math.sqrt(n), math.sqrt(n - looks[k - 1])
-            dens = (phi((grid[:, None] * s1 - grid[None, :] * s0) / sd) * (s1 / sd)) @ cont * h
+            dens = (_normal.pdf((grid[:, None] * s1 - grid[None, :] * s0) / sd) * (s1 / sd)) @ cont * h
         upper = np.cumsum((dens * h)[::-1])[::-1] - dens * h / 2  # trapezoid: mass above each grid point
         target = max(spent[k] - before, 0.0) / 2
         # boundary c: the right tail beyond c holds half the alpha spent at this look
@@ -256,7 +252,7 @@ def spending_levels(looks: tuple[int, ...], alpha: float = 0.05) -> tuple[float,
         if 0 < i < grid.size:  # linear interpolation between grid points
             m0, m1 = upper[i - 1], upper[i]
             c = float(grid[i - 1] + h * (m0 - target) / (m0 - m1)) if m0 > m1 else c
-        levels.append(2 * (1 - _NORMAL.cdf(c)) if c < 8.2 else 2 * _NORMAL.pdf(c) / c)
+        levels.append(2 * float(_normal.sf(c)))  # the survival function: no 1 − cdf cancellation far out
         before = spent[k]
         cont = dens * np.clip((c - np.abs(grid)) / h + 0.5, 0, 1)
     return tuple(levels)

@@ -31,7 +31,7 @@ from harness.measure.goodput import LoadSummary
 from harness.measure.slices import SlicesSummary
 from harness.measure.stages import STAGES
 from harness.measure.tails import TailSummary
-from harness.measure.telemetry import TelemetrySummary
+from harness.measure.telemetry_figures import TelemetrySummary
 
 #: 2: the headline gained fps_median (FPS P50 per interval) beside fps_steady
 #: 3: fps_median is the FPS of the interval-P50 sample; ``warmup`` (the compile figure) added
@@ -438,12 +438,12 @@ class RunSummary(Summary, kw_only=True, omit_defaults=True):
     #: every stall seen (a stage owing a reply silent for ``stall_report_s``)
     stalls: list[dict]
     stall_report_s: float
-    #: the measurement protocol (``experiments.protocols``) and what it adds
+    #: the measurement protocol (``experiments.serve``) and what it adds
     protocol: str
     long_tail: TailSummary | None = None
     #: the protocol's addition failed: why (the run's own figures are kept)
     summary_extra_error: str | None = None
-    #: --telemetry: energy per frame, mean power, throttling over the steady window (measure.telemetry)
+    #: --telemetry: energy per frame, mean power, throttling over the steady window (measure.telemetry_figures)
     telemetry: TelemetrySummary | None = None
     #: ``load``: offered and served load, outcomes, goodput against the SLO, early stopping
     load: LoadSummary | None = None

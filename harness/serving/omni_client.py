@@ -153,7 +153,9 @@ def start_message(w: Workload, seed: int) -> O.SessionStart:
 
 # ---- one session ------------------------------------------------------------------------------
 @dataclass
-class _Session:
+class _LiveSession:
+    """One session while it streams: its socket, what it asked for, its record and the media so far."""
+
     ws: aiohttp.ClientWebSocketResponse
     w: Workload
     rec: ClientSession
@@ -267,7 +269,7 @@ async def run_session(w: Workload, session: int, http: aiohttp.ClientSession) ->
     rec = ClientSession(session=session, seed=w.seed + session, chunks_asked=w.chunks, chunks=[], interactions=[], errors=[])
     try:
         async with http.ws_connect(w.url, max_msg_size=O.MAX_FRAME_BYTES * 4) as ws:
-            s = _Session(ws, w, rec)
+            s = _LiveSession(ws, w, rec)
             await s.run()
             return rec, b"".join(s.media)
     except (aiohttp.ClientError, OSError) as e:

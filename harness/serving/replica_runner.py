@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from harness.drivers.launcher import RankFailed
 from harness.drivers.replicas import Replica
-from harness.drivers.serve import explain_failure
+from harness.drivers.serve_run import explain_failure
 from harness.errors import HarnessError
 from harness.serving import protocol as W
 from harness.serving.admission import Router, Slot

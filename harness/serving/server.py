@@ -2,7 +2,7 @@
 
 Two threads. The *driver thread* is serve's own: it runs one session at a time through
 ``Driver.run_session`` with a ``SessionControl`` whose callbacks read what the client sent. The
-*network thread* runs an aiohttp application on its own event loop. They meet in one ``_Session``
+*network thread* runs an aiohttp application on its own event loop. They meet in one ``StreamSession``
 per client session (a condition variable plus plain fields): the network thread records actions,
 acknowledgements and cancel requests; the driver thread waits on them and posts outgoing messages
 to the connection's queue with ``call_soon_threadsafe``.
@@ -43,9 +43,9 @@ from aiohttp import WSMsgType, web
 
 from harness.config import override
 from harness.drivers.driver import SessionControl
-from harness.drivers.options import launcher_options, resolve_config
+from harness.drivers.config_options import launcher_options, resolve_config
 from harness.drivers.replicas import parse_replica_gpus
-from harness.drivers.serve import ServeOptions, serve
+from harness.drivers.serve_run import ServeOptions, serve
 from harness.drivers.signals import install as install_stop
 from harness.errors import HarnessError
 from harness.hooks import parse_hooks
@@ -58,7 +58,7 @@ from harness.serving.guards import (DEFAULT_IDLE_TIMEOUT_S, MaskedFramesOnly, ha
                                     token_matches)
 from harness.serving.outcome import as_delivered
 from harness.serving.replica_runner import ReplicaRunner
-from harness.serving.session import _Conn, _Session
+from harness.serving.session import _Conn, StreamSession
 
 
 #: how often a connection's receive wakes to look at its idle deadline (and at the end of its session)
@@ -149,7 +149,7 @@ class StreamServer(ReplicaRunner):
             self._cancel_running(reason)  # a session's condition is re-entrant
 
     # ---- driver threads (one per replica) ------------------------------------------------------
-    def _run_one(self, ctx, sess: _Session) -> None:
+    def _run_one(self, ctx, sess: StreamSession) -> None:
         cfg = ctx.cfg
         idx = self.router.new_index()
         sess.index = idx
@@ -197,7 +197,7 @@ class StreamServer(ReplicaRunner):
         for waiting, pos in moved:
             self._tell_moved(waiting, pos)
 
-    def _ended(self, ctx, sess: _Session, res) -> W.Ended:
+    def _ended(self, ctx, sess: StreamSession, res) -> W.Ended:
         with sess.cond:
             return W.Ended(
                 session=sess.index, cancelled=res.cancelled, reason=(sess.reason or "") if res.cancelled else "",
@@ -480,7 +480,7 @@ class StreamServer(ReplicaRunner):
         if err := session_frames_error(msg.chunks or cfg.video.chunks_per_session, cfg.video.frames_per_chunk):
             return self._reject(conn, err)  # refused here, not as a dead DiT rank chunks later
         timeout = min(msg.action_timeout_s or self.opts.action_timeout_s, self.opts.action_timeout_s)
-        sess = _Session(conn, msg, chunks=msg.chunks or cfg.video.chunks_per_session,
+        sess = StreamSession(conn, msg, chunks=msg.chunks or cfg.video.chunks_per_session,
                         frames_per_chunk=cfg.video.frames_per_chunk, window=self.opts.window,
                         action_timeout_s=timeout, stall_timeout_s=self.opts.stall_timeout_s)
         sess.cap_s = min(session_cap_s(sess.chunks, self.opts.session_cap_s), msg.session_cap_s or float("inf"))

@@ -1,6 +1,6 @@
 """One client session of ``serve --listen``, shared by the network thread and the replica's
 driver thread (see server.py): the connection's outbox (``_Conn``) and the session's state
-(``_Session``: actions, input events, acknowledgements, the window, the rows it writes)."""
+(``StreamSession``: actions, input events, acknowledgements, the window, the rows it writes)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class _Conn:
         self.ws, self.loop = ws, loop
         self.outq: asyncio.Queue = asyncio.Queue()
         self.open = True
-        self.session: _Session | None = None
+        self.session: StreamSession | None = None
         self.errors = 0
         self.peer: str | None = None  # the remote address (the per-peer connection limit counts it)
         self.drained = asyncio.Event()  # the pump has sent everything queued before its None
@@ -84,7 +84,7 @@ class Cancellable:
             return True
 
 
-class _Session(Cancellable):
+class StreamSession(Cancellable):
     """One client session shared by both threads; every field is guarded by ``cond``."""
 
     def __init__(self, conn: _Conn, start: W.Start, *, chunks: int, frames_per_chunk: int, window: int,

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from harness import candidates
-from harness.drivers.serve import ServeOptions, serve
+from harness.drivers.serve_run import ServeOptions, serve
 from harness.errors import HarnessError
 from harness.measure.gates import gate
 

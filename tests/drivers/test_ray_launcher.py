@@ -32,7 +32,7 @@ from harness.drivers.launcher import RankFailed  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
 from harness.drivers.procwatch import alive, descendants, wait_gone  # noqa: E402
 from harness.drivers.ray_launcher import DEATH_REPORT_S, PEER_FIRST_WAIT_S  # noqa: E402
-from harness.drivers.serve import ServeOptions, serve  # noqa: E402
+from harness.drivers.serve_run import ServeOptions, serve  # noqa: E402
 from harness.measure.events import BOUNDARIES, read_events, validate_events  # noqa: E402
 from harness.measure.gates import gate  # noqa: E402
 from harness.pipeline.decode import decode_pyav  # noqa: E402
@@ -184,7 +184,7 @@ def test_a_killed_actor_is_named_within_bounds_and_nothing_is_left(ray_cluster, 
 
 def test_cli_maps_the_ray_options():
     from harness.cli import build_parser
-    from harness.drivers.options import launcher_options
+    from harness.drivers.config_options import launcher_options
 
     args = build_parser().parse_args(["serve", "--launcher", "ray", "--ray-address", "10.0.0.1:6379",
                                       "--ray-frame-path", "socket", "--ray-cpus-per-rank", "0.5"])

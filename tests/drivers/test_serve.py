@@ -24,7 +24,7 @@ from helpers.procs import ignore_sigint, run_segments
 from harness.config import load_preset
 from harness.drivers.launcher import RankFailed
 from harness.drivers.procwatch import children, wait_gone, workers_of
-from harness.drivers.serve import ServeOptions, serve
+from harness.drivers.serve_run import ServeOptions, serve
 from harness.measure.events import BOUNDARIES, read_events, validate_events
 from harness.measure.gates import gate
 from harness.pipeline.decode import decode_ffmpeg, decode_pyav

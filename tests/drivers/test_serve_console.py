@@ -1,4 +1,4 @@
-"""What ``python -m harness serve`` prints (``experiments.protocols.main``): the absolute run
+"""What ``python -m harness serve`` prints (``experiments.serve.main``): the absolute run
 directory before any process starts, the setting and headline, and a ``next:`` line whose command
 works; no progress-bar noise when stderr is not a terminal."""
 
@@ -11,21 +11,21 @@ import shlex
 from helpers.presets import tiny
 
 from harness.cli import main
-from harness.drivers.serve import cpu_sharing_note
+from harness.drivers.serve_run import cpu_sharing_note
 from harness.drivers.procwatch import workers_of
-from harness.experiments import protocols
+from harness.experiments import serve
 
 
 def test_serve_prints_its_run_directory_first_and_a_next_line_that_works(tmp_path, capsys, monkeypatch):
     seen: dict = {}
-    announce = protocols.announce
+    announce = serve.announce
 
     def watching(run_dir):  # the moment serve announces, nothing of the run has started yet
         seen.update(workers=workers_of(os.getpid(), recursive=True), events=(run_dir / "events.jsonl").exists(),
                     status=json.loads((run_dir / "manifest.json").read_text())["status"])
         announce(run_dir)
 
-    monkeypatch.setattr(protocols, "announce", watching)
+    monkeypatch.setattr(serve, "announce", watching)
     monkeypatch.chdir(tmp_path)
     assert main(["serve", "--sessions", "2", "--chunks", "2", "--out", "run"]) == 0  # a relative --out
     out, err = capsys.readouterr()

@@ -60,7 +60,7 @@ def test_fa3_partial_lse_and_paged_walk():
 @pytest.mark.parametrize("name", ["fa3-fp8", "fa3-fp8-smooth"])
 @pytest.mark.parametrize("v_offset", [0.0, 3.0])
 def test_fa3_fp8_error_and_emulation_fidelity(name, v_offset):
-    from harness.experiments.replay.backends_fa3 import emulate_fp8_attention
+    from harness.experiments.replay.op_backends_fa3 import emulate_fp8_attention
 
     q, k, v = _qkv(v_offset=v_offset)
     ref = _ref(q, k, v)

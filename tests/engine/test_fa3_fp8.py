@@ -12,7 +12,7 @@ from harness.config import load_preset, override
 from harness.engine import attention as A
 from harness.engine import fa3
 from harness.errors import HarnessError
-from harness.experiments.replay.backends_fa3 import emulate_fp8_attention
+from harness.experiments.replay.op_backends_fa3 import emulate_fp8_attention
 
 needs_no_fa3 = pytest.mark.skipif(fa3.unavailable_reason("cuda") is None, reason="FA3 runs here: nothing to refuse")
 

@@ -14,7 +14,7 @@ from harness.cli import main
 from harness.config import load_preset
 from harness.errors import HarnessError
 from harness.experiments import ab_arms
-from harness.experiments.engine_ab import EngineArm
+from harness.experiments.ab_engine import EngineArm
 
 
 def test_parse_arms_and_refusals():

@@ -248,7 +248,7 @@ def test_compare_prints_the_gate_once():
 def test_cli_defaults_are_the_documented_budget():
     from harness.cli import build_parser
     from harness.errors import HarnessError
-    from harness.experiments.engine_ab import DEFAULT_LAUNCHES
+    from harness.experiments.ab_engine import DEFAULT_LAUNCHES
     from harness.measure import stats as S
 
     def plan(*argv):

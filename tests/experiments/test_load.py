@@ -12,7 +12,7 @@ import pytest
 
 from harness.cli import main
 from harness.experiments import load_sessions as S
-from harness.experiments.scenarios import ServerProcess
+from harness.experiments.scenario import ServerProcess
 from harness.measure.events import read_run, validate_events
 from harness.measure.goodput import OUTCOMES, LoadRecord, Slo
 from harness.measure.summary import read_summary

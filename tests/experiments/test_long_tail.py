@@ -8,7 +8,7 @@ import pytest
 
 from harness.config import load_preset, override
 from harness.errors import HarnessError
-from harness.experiments import protocols
+from harness.experiments import serve
 from harness.measure import figures as F
 from harness.measure import metrics as M
 from harness.measure import stages
@@ -99,21 +99,21 @@ def test_window_for_short_sessions():
 
 def test_protocol_sessions_and_summary_extra(tables):
     cfg = load_preset("tiny")
-    assert protocols.protocol_for("timing", cfg).sessions == cfg.runtime.sessions
-    lt = protocols.protocol_for("long-tail", cfg)
+    assert serve.protocol_for("timing", cfg).sessions == cfg.runtime.sessions
+    lt = serve.protocol_for("long-tail", cfg)
     assert lt.sessions == 251 and lt.measured_sessions == 250 and lt.slowest == tails.DEFAULT_SLOWEST
-    assert protocols.protocol_for("long-tail", cfg, sessions=4).sessions == 4
+    assert serve.protocol_for("long-tail", cfg, sessions=4).sessions == 4
     with pytest.raises(HarnessError, match="no measured sessions|has none"):
-        protocols.protocol_for("long-tail", cfg, sessions=1)
+        serve.protocol_for("long-tail", cfg, sessions=1)
     with pytest.raises(HarnessError, match="unknown protocol"):
-        protocols.protocol_for("soak", cfg)
-    short = protocols.protocol_for("long-tail", override(cfg, video={"chunks_per_session": 7}), sessions=3)
+        serve.protocol_for("soak", cfg)
+    short = serve.protocol_for("long-tail", override(cfg, video={"chunks_per_session": 7}), sessions=3)
     assert (short.window_first_chunk, short.window_last_chunk) == (5, 6)
-    assert protocols.summary_extra(protocols.protocol_for("timing", cfg)) is None
+    assert serve.summary_extra(serve.protocol_for("timing", cfg)) is None
     events, starts = tables.case_d({2: {6: {"decode": 50}}})
-    extra = protocols.summary_extra(lt)(events, starts, M.DEFAULT_WINDOW)
+    extra = serve.summary_extra(lt)(events, starts, M.DEFAULT_WINDOW)
     assert extra["long_tail"]["slowest"][0]["grew"] == "decode"
-    lines = protocols.protocol_lines(extra)
+    lines = serve.protocol_lines(extra)
     # two tables headed by measure.figures labels; the slowest sample's row says decode grew
     heads = [re.split(r"\s{2,}", l.strip()) for l in lines if l.strip().startswith(("boundary ", "# "))]
     assert len(heads) == 2 and all(F.resolve(h) for head in heads for h in head)

@@ -10,7 +10,7 @@ import pytest
 from harness.cli import main
 from harness.measure import figures as F
 from harness.measure import metrics as M
-from harness.measure import report as R
+from harness.measure import run_report as R
 from harness.measure.events import write_events, write_sessions
 
 
@@ -218,7 +218,7 @@ def test_every_figure_of_a_case_d_a_case_e_and_a_server_run_resolves_to_one_defi
     import subprocess
     import sys
 
-    from harness.experiments.scenarios import REPO_ROOT, ServerProcess
+    from harness.experiments.scenario import REPO_ROOT, ServerProcess
     from harness.measure.headline import headline
     from harness.measure import figures as F
 

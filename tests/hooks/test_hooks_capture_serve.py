@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from harness.config import load_preset, override
-from harness.drivers.serve import ServeOptions, serve
+from harness.drivers.serve_run import ServeOptions, serve
 from harness.hooks.capture import read_index
 
 BUDGET = 3 << 20

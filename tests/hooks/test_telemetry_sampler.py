@@ -15,7 +15,7 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.hooks import telemetry as H
-from harness.measure.telemetry import TelemetrySample
+from harness.measure.telemetry_figures import TelemetrySample
 
 
 class FakeNVML:

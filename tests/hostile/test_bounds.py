@@ -115,7 +115,7 @@ def test_memory_estimate_scales_with_the_model():
 
 # (module whose bound is lowered, argv, what the line names): files the harness reads besides configs
 BIG_READS = [
-    ("harness.measure.report", ["report", "{run}", "--bench", "{big}"], "not a bench-engine --json result"),
+    ("harness.measure.run_report", ["report", "{run}", "--bench", "{big}"], "not a bench-engine --json result"),
     ("harness.experiments.verdicts", ["verdicts", "{big}"], "not a result file"),
 ]
 

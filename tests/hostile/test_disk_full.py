@@ -14,7 +14,7 @@ import pytest
 
 from harness.config import load_preset, override
 from harness.drivers.rundir import RESERVE_NAME
-from harness.drivers.serve import ServeOptions, serve
+from harness.drivers.serve_run import ServeOptions, serve
 from harness.errors import HarnessError
 from harness.measure.gates import save_pixels
 from harness.pipeline.sinks import FileSink

@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 from aiohttp import WSMsgType
 
-from harness.experiments.scenarios import ServerProcess
+from harness.experiments.scenario import ServerProcess
 from harness.serving import protocol as W
 from harness.serving import client as C
 from harness.serving.client import ViewerOptions, run_session

@@ -18,7 +18,7 @@ import pytest
 from harness.config import load_preset, override
 from harness.drivers.procwatch import SHM, alive, descendants, wait_gone
 from harness.drivers.runstate import claim_out, reap_dead_rings, ring_owner, run_status
-from harness.drivers.serve import ServeOptions, serve
+from harness.drivers.serve_run import ServeOptions, serve
 from harness.errors import HarnessError, RunFailed
 
 from helpers import REPO

@@ -20,7 +20,7 @@ from aiohttp import WSMsgType
 
 from harness.serving.client import run_session, status
 from harness.drivers.procwatch import shm_names, wait_gone
-from harness.experiments.scenarios import ServerProcess
+from harness.experiments.scenario import ServerProcess
 from harness.measure.events import read_events
 from harness.serving import protocol as W
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from harness.experiments import soak
-from harness.experiments.scenarios import ServerProcess
+from harness.experiments.scenario import ServerProcess
 
 SESSIONS = 2 * len(soak.KINDS)
 

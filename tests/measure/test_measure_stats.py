@@ -352,3 +352,16 @@ def test_student_t_from_scipy_against_mpmath():
         ref = mpmath.betainc(mpmath.mpf(df) / 2, mpmath.mpf(1) / 2, 0, x, regularized=True)
         assert float(ref) == pytest.approx(p, rel=1e-8), (p, df)
         assert float(S.t_two_sided_p(q, df)) == pytest.approx(p, rel=1e-8)
+
+
+def test_first_look_level_against_mpmath():
+    # Nothing is spent before the first look, so its level is the O'Brien–Fleming spend α(t₁) =
+    # erfc(z_{α/2}/√t₁/√2), here in 40-digit arithmetic. The plans reach first levels of 1e-18,
+    # where 1 − Φ(c) in doubles is all cancellation (it gave 0); the grid's own error stays < 1 %.
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 40
+    for looks, alpha in (((2, 3), 0.05), ((1, 4), 0.05), ((1, 9), 0.01), (S.sequential_looks(24), 0.05),
+                         (S.sequential_looks(40), 0.05)):
+        z_half = mpmath.sqrt(2) * mpmath.erfinv(1 - mpmath.mpf(alpha))
+        ref = mpmath.erfc(z_half / mpmath.sqrt(mpmath.mpf(looks[0]) / looks[-1]) / mpmath.sqrt(2))
+        assert S.spending_levels(looks, alpha)[0] == pytest.approx(float(ref), rel=1e-2), (looks, alpha)

@@ -8,7 +8,7 @@ from harness.measure import summary as SM
 from harness.drivers.rundir import write_json
 from harness.measure.events import BOUNDARIES, read_run, write_events, write_sessions
 from harness.measure.metrics import Window
-from harness.measure.report import load_view
+from harness.measure.run_report import load_view
 
 from helpers.events import MS
 

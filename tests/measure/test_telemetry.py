@@ -9,8 +9,8 @@ import pynvml
 import pytest
 
 from harness.measure import figures as F
-from harness.measure import telemetry as T
-from harness.measure import report as R
+from harness.measure import telemetry_figures as T
+from harness.measure import run_report as R
 from harness.measure.headline import headline
 from harness.measure.metrics import Window
 from harness.measure.setting import setting_line

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.drivers.runstate import ring_owner
-from harness.experiments.scenarios import ServerProcess
+from harness.experiments.scenario import ServerProcess
 
 from helpers.procs import live_workers
 

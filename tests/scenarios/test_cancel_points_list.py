@@ -1,7 +1,7 @@
 """`scenario cancel --points list` prints the points of the transport it would run."""
 
 from harness.cli import main
-from harness.experiments.scenarios.points import cancel_points, ws_cancel_points
+from harness.experiments.scenario.points import cancel_points, ws_cancel_points
 
 
 def _listed(capsys, *extra):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from harness.cli import main
-from harness.experiments.scenarios.interactive import ARMS, cost_note
+from harness.experiments.scenario.interactive import ARMS, cost_note
 from harness.measure.interaction import A2PSummary
 
 

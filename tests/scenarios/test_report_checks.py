@@ -1,8 +1,8 @@
 """A scenario report: every broken invariant fails the scenario; rate comparisons are set apart
 so tests on a loaded box can judge only what does not depend on the machine's speed."""
 
-from harness.experiments.scenarios import Report
-from harness.experiments.scenarios.slow_consumer import consumer_fps
+from harness.experiments.scenario import Report
+from harness.experiments.scenario.slow_consumer import consumer_fps
 
 
 def test_rate_checks_fail_the_scenario_but_not_correctness():

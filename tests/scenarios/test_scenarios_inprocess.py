@@ -7,12 +7,12 @@ import json
 
 from helpers.presets import tiny
 
-from harness.experiments.scenarios.bad_input import bad_input_inprocess
-from harness.experiments.scenarios.cancel import cancel_inprocess
-from harness.experiments.scenarios.crash import crash_inprocess
-from harness.experiments.scenarios.params import Params
-from harness.experiments.scenarios.slow_consumer import slow_consumer_inprocess
-from harness.experiments.scenarios.topology import Topology, leak_checks
+from harness.experiments.scenario.bad_input import bad_input_inprocess
+from harness.experiments.scenario.cancel import cancel_inprocess
+from harness.experiments.scenario.crash import crash_inprocess
+from harness.experiments.scenario.params import Params
+from harness.experiments.scenario.slow_consumer import slow_consumer_inprocess
+from harness.experiments.scenario.topology import Topology, leak_checks
 from harness.measure.events import read_sessions
 
 

@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import pytest
 
 from harness.drivers.procwatch import shm_names, wait_gone
-from harness.experiments.scenarios.bad_messages import bad_input_ws
-from harness.experiments.scenarios.cancel import cancel_ws, ended_of
-from harness.experiments.scenarios.crash import crash_ws
-from harness.experiments.scenarios.params import Params
-from harness.experiments.scenarios.server_process import REPO_ROOT, ServerProcess
-from harness.experiments.scenarios.slow_consumer import slow_consumer_ws
+from harness.experiments.scenario.bad_messages import bad_input_ws
+from harness.experiments.scenario.cancel import cancel_ws, ended_of
+from harness.experiments.scenario.crash import crash_ws
+from harness.experiments.scenario.params import Params
+from harness.experiments.scenario.server_process import REPO_ROOT, ServerProcess
+from harness.experiments.scenario.slow_consumer import slow_consumer_ws
 from harness.measure.events import read_events, read_sessions, validate_events
 from harness.serving.client import status
 

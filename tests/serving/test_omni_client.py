@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from harness.experiments.compare_servers import analyze
-from harness.experiments.scenarios.server_process import REPO_ROOT, ServerProcess
+from harness.experiments.scenario.server_process import REPO_ROOT, ServerProcess
 from harness.measure.events import BOUNDARIES, read_events, read_sessions, validate_events
 from harness.measure.gates import HashRecord, gate, save_pixels, write_hashes
 from harness.serving import omni_protocol as O

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import WSMsgType
 
 from harness.drivers.procwatch import wait_gone
-from harness.experiments.scenarios import ServerProcess
+from harness.experiments.scenario import ServerProcess
 from harness.measure.events import BOUNDARIES, read_events, validate_events
 from harness.serving import omni_protocol as O
 from harness.serving import protocol as W

@@ -13,13 +13,13 @@ import sys
 import msgspec
 import pytest
 
-from harness.experiments.scenarios.server_process import REPO_ROOT, ServerProcess
+from harness.experiments.scenario.server_process import REPO_ROOT, ServerProcess
 from harness.measure.events import ChunkEvent
 from harness.measure.interaction import InteractionLog, invariants
 from harness.serving import protocol as W
 from harness.serving.client import ViewerOptions, first_frame_playout, playout, run_session, verify_media
 from harness.serving.player import TraceEvent
-from harness.serving.server import ListenOptions, StreamServer, _Session
+from harness.serving.server import ListenOptions, StreamServer, StreamSession
 
 
 class Conn:
@@ -34,9 +34,9 @@ class Conn:
         self.sent.append(W.decode_server(item) if isinstance(item, str) else item)
 
 
-def player_session(chunks: int = 3, mode: str = "player") -> tuple[Conn, _Session]:
+def player_session(chunks: int = 3, mode: str = "player") -> tuple[Conn, StreamSession]:
     conn = Conn()
-    sess = _Session(conn, W.Start(preset="tiny", seed=0, input=mode), chunks=chunks, frames_per_chunk=3, window=4,
+    sess = StreamSession(conn, W.Start(preset="tiny", seed=0, input=mode), chunks=chunks, frames_per_chunk=3, window=4,
                     action_timeout_s=1.0, stall_timeout_s=1.0)
     sess.index = 0
     return conn, sess

@@ -16,7 +16,7 @@ import urllib.request
 import aiohttp
 import pytest
 
-from harness.experiments.scenarios import ServerProcess
+from harness.experiments.scenario import ServerProcess
 from harness.measure.events import read_events, read_sessions
 from harness.serving import protocol as W
 from harness.serving.client import run_session

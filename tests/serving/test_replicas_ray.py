@@ -14,7 +14,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a throwaway local instance
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 pytest.importorskip("ray", reason="ray is not installed (pip install 'harness[ray]')")
 
-from harness.experiments.scenarios import ServerProcess  # noqa: E402
+from harness.experiments.scenario import ServerProcess  # noqa: E402
 from harness.measure.events import read_events  # noqa: E402
 from harness.serving.client import run_session  # noqa: E402
 

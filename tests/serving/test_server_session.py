@@ -1,8 +1,8 @@
-"""One WebSocket session on the server side (``_Session``), without a socket: what an
+"""One WebSocket session on the server side (``StreamSession``), without a socket: what an
 acknowledgement counts for, and a connection that fails inside the session's own code."""
 
 from harness.serving import protocol as W
-from harness.serving.server import _Session
+from harness.serving.server import StreamSession
 
 
 def test_an_ack_counts_only_for_media_that_left_the_server():
@@ -16,7 +16,7 @@ def test_an_ack_counts_only_for_media_that_left_the_server():
             pass
 
     conn = Conn()
-    sess = _Session(conn, W.Start(preset="tiny", seed=0), chunks=3, frames_per_chunk=3, window=1,
+    sess = StreamSession(conn, W.Start(preset="tiny", seed=0), chunks=3, frames_per_chunk=3, window=1,
                     action_timeout_s=1.0, stall_timeout_s=1.0)
     sess.sent.append(0)  # posted to the connection's queue, not yet written to the socket
     assert "before its media left the server" in sess.ack(W.Ack(chunk=0, received_ns=1))
@@ -36,7 +36,7 @@ def test_a_failure_in_a_sessions_own_code_cancels_that_session_only():
         def post(self, item) -> None:
             raise RuntimeError("socket exploded")
 
-    sess = _Session(BrokenConn(), W.Start(preset="tiny", seed=0), chunks=3, frames_per_chunk=3, window=1,
+    sess = StreamSession(BrokenConn(), W.Start(preset="tiny", seed=0), chunks=3, frames_per_chunk=3, window=1,
                     action_timeout_s=1.0, stall_timeout_s=1.0)
     assert sess.actions_for(0) == [""] * 3
     assert sess.reason == "session failed: RuntimeError: socket exploded" and sess.should_cancel(0, [])
@@ -47,7 +47,7 @@ def test_a_failure_in_a_sessions_own_code_cancels_that_session_only():
     class Ev:
         session, chunk, frames, blocked_ns = 0, 0, 9, {}
 
-    sess2 = _Session(BrokenConn(), W.Start(preset="tiny", seed=0), chunks=3, frames_per_chunk=3, window=1,
+    sess2 = StreamSession(BrokenConn(), W.Start(preset="tiny", seed=0), chunks=3, frames_per_chunk=3, window=1,
                      action_timeout_s=1.0, stall_timeout_s=1.0)
     sess2.on_chunk(Ev(), Msg())  # must not raise
     assert sess2.reason.startswith("session failed:") and 0 in sess2.events

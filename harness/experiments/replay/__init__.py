@@ -11,24 +11,24 @@ whose result fails the check is a *failure* with its reason and no time: it neve
 
 One module per idea, arrows pointing down the list:
 
-* ``command`` — the command: checks the arguments, picks the inputs, runs them, writes the report;
-* ``report`` — ``replay.json``, ``replay.md`` and the heat maps; ``h1b`` — whole-model results of
+* ``replay_command`` — the command: checks the arguments, picks the inputs, runs them, writes the report;
+* ``outputs`` — ``replay.json``, ``replay.md`` and the heat maps; ``h1b`` — whole-model results of
   candidate H1b to set beside the local winners;
 * ``single`` — ``--single OP_ID``: one call under a profiler;
 * ``runner`` — every input on every backend, checked and timed (``timing``), a winner per input;
   ``load_backends`` fills the registry;
 * ``reference`` — the FP64 reference and the pass/fail check;
-* ``backends_fa3`` — FlashAttention-3 rows and FP8 emulations; ``backends`` — the registry and the
+* ``op_backends_fa3`` — FlashAttention-3 rows and FP8 emulations; ``op_backends`` — the registry and the
   SDPA / engine-KV / GEMM / conv / conversion families;
 * ``cases`` — captured inputs and ``--synthetic`` production shapes;
-* ``arguments``, ``settings`` — the command's arguments and defaults (no torch).
+* ``replay_options``, ``settings`` — the command's arguments and defaults (no torch).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from harness.experiments.replay.arguments import add_replay_arguments
+from harness.experiments.replay.replay_options import add_replay_arguments
 
 __all__ = ["add_replay_arguments", "main"]
 
@@ -37,6 +37,6 @@ def main(args: argparse.Namespace) -> int:
     # Imported here, not at the top: the command line imports this package to build its parser for
     # every command, and the run's modules import torch (measured: `python -m harness --help` takes
     # 0.13 s, importing torch alone 1.5-2 s on a 2-core host).
-    from harness.experiments.replay.command import run
+    from harness.experiments.replay.replay_command import run
 
     return run(args)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from harness.errors import HarnessError
-from harness.experiments.replay.backends import h1b_arms
+from harness.experiments.replay.op_backends import h1b_arms
 from harness.limits import MAX_JSON_BYTES, read_bounded
 
 

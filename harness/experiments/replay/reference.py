@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from harness.engine.convert import to_uint8
-from harness.experiments.replay.backends import attn_views, conv_args, conv_fn, linear_operands
+from harness.experiments.replay.op_backends import attn_views, conv_args, conv_fn, linear_operands
 from harness.experiments.replay.cases import Case
 from harness.measure.gates import DEFAULT_THRESHOLDS
 

@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 import torch
 
-from harness.experiments.replay import backends_fa3
-from harness.experiments.replay.backends import Backend, Unsupported, backends_for, register_builtins
+from harness.experiments.replay import op_backends_fa3
+from harness.experiments.replay.op_backends import Backend, Unsupported, backends_for, register_builtins
 from harness.experiments.replay.cases import Case
 from harness.experiments.replay.reference import check, reference
 from harness.experiments.replay.settings import DEFAULT_REPEATS, DEFAULT_WARMUP
@@ -26,7 +26,7 @@ from harness.experiments.replay.timing import sync, time_calls, timed_once
 def load_backends() -> None:
     """Fill the registry: the built-in families, then the FA3 rows (idempotent)."""
     register_builtins()
-    backends_fa3.register()
+    op_backends_fa3.register()
 
 
 def _is_oom(e: BaseException) -> bool:

@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity
 from torch.profiler import profile as tprofile
 
 from harness.errors import HarnessError
-from harness.experiments.replay.backends import Backend
+from harness.experiments.replay.op_backends import Backend
 from harness.experiments.replay.cases import Case
 from harness.experiments.replay.timing import sync, timed_once
 

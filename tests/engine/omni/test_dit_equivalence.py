@@ -42,7 +42,7 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.fixture(scope="module")
 def engines(omni_dist, tmp_path_factory):
-    from harness.engine.omni.dit_engine import OmniDitEngine
+    from harness.engine.omni.omni_dit_engine import OmniDitEngine
 
     cfg = override(load_preset("tiny"), parallel={"sp": 1})
     ref = DitEngine(cfg, group=RankGroup.single(), device=CPU, seed=7)
@@ -139,7 +139,7 @@ def test_the_old_conventions_generate_another_video(engines, production, record_
     image's frame. Either alone makes the session something other than production's."""
     cfg, _, _, ckpt = engines
     prod, _ = production
-    from harness.engine.omni.dit_engine import OmniDitEngine
+    from harness.engine.omni.omni_dit_engine import OmniDitEngine
 
     alt_cfg = apply_sets(cfg, ["schedule.noise=per-chunk-step"])
     alt = DitEngine(alt_cfg, group=RankGroup.single(), device=CPU, seed=0, weights_dir=ckpt)
@@ -177,7 +177,7 @@ def test_schedule_is_built_as_production_builds_it(engines):
 
 
 def test_weights_and_sp_refusals(engines, tmp_path):
-    from harness.engine.omni.dit_engine import OmniDitEngine
+    from harness.engine.omni.omni_dit_engine import OmniDitEngine
     from harness.errors import HarnessError
 
     cfg, _, _, _ = engines

@@ -11,7 +11,7 @@ import pytest
 
 from harness.config import load_preset, override
 from harness.drivers.procwatch import wait_gone
-from harness.drivers.serve import ServeOptions, serve
+from harness.drivers.serve_run import ServeOptions, serve
 from harness.measure.events import BOUNDARIES, read_events, validate_events
 from harness.measure.gates import gate
 from harness.pipeline.decode import decode_pyav

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from harness.cli import main as cli_main
-from harness.experiments.replay.backends import Prepared, attn_views, register_backend, unregister_backend
+from harness.experiments.replay.op_backends import Prepared, attn_views, register_backend, unregister_backend
 from harness.experiments.replay.cases import Case, load_cases, synthetic_case, synthetic_cases
 from harness.experiments.replay.reference import REL_L2
 from harness.experiments.replay.runner import replay_cases

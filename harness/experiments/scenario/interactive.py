@@ -16,10 +16,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from harness.experiments.scenarios.params import Params
-from harness.experiments.scenarios.report import Report
-from harness.experiments.scenarios.server_process import ServerProcess, check_stopped_cleanly, preset_of
-from harness.experiments.scenarios.topology import prompt_for
+from harness.experiments.scenario.params import Params
+from harness.experiments.scenario.findings import Report
+from harness.experiments.scenario.server_process import ServerProcess, check_stopped_cleanly, preset_of
+from harness.experiments.scenario.topology import prompt_for
 from harness.measure.figures import console_table
 from harness.measure.interaction import (LATENCY_COLUMNS, PARTS_COLUMNS, A2PSummary, invariants, latency_cells,
                                          parts_cells)

@@ -9,7 +9,7 @@ kernel on a GPU), ``flash-attn`` / ``flash-attn3`` (external packages, when impo
 ``channels-last`` (inputs converted beforehand: kernel time only), ``cudnn-benchmark`` and
 ``ieee`` (no TF32) on a GPU; convert — ``reference``, ``compiled`` (GPU by default), ``fused``
 (H4a's Triton kernel, GPU). The FlashAttention-3 rows and FP8 emulations register from
-``backends_fa3``. ``register_backend`` adds one (tests register deliberately broken ones).
+``op_backends_fa3``. ``register_backend`` adds one (tests register deliberately broken ones).
 
 A backend's ``make`` builds the call (not timed) or raises ``Unsupported`` with the reason.
 """

@@ -16,14 +16,14 @@ in order" and "the next session is unaffected" are judged.
 
 One module per idea, arrows pointing down the list:
 
-* ``command`` — the command: checks the arguments, runs the scenario over the chosen way in;
+* ``scenario_command`` — the command: checks the arguments, runs the scenario over the chosen way in;
 * one module per scenario: ``slow_consumer``, ``cancel`` (its points in ``points``),
   ``crash``, ``bad_input`` (command lines, engine, VAE), ``bad_messages`` (over websocket) and
   ``interactive`` (a player against Case D, Case E and H5a: action-to-photon, websocket only);
 * ``topology`` — the in-process way in (a launched topology that runs submitted jobs, leak
   checks); ``server_process`` — the websocket way in (``serve --listen``
   as a subprocess);
-* ``report``, ``figures``, ``params``, ``arguments`` — the report, per-session figures, what a
+* ``findings``, ``session_figures``, ``params``, ``scenario_options`` — the report, per-session figures, what a
   scenario is asked to do and the command's options.
 """
 
@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import argparse
 
-from harness.experiments.scenarios.arguments import SCENARIOS, add_scenario_arguments
-from harness.experiments.scenarios.params import Params
-from harness.experiments.scenarios.report import Report
-from harness.experiments.scenarios.server_process import REPO_ROOT, ServerProcess
+from harness.experiments.scenario.scenario_options import SCENARIOS, add_scenario_arguments
+from harness.experiments.scenario.params import Params
+from harness.experiments.scenario.findings import Report
+from harness.experiments.scenario.server_process import REPO_ROOT, ServerProcess
 
 __all__ = ["SCENARIOS", "REPO_ROOT", "Params", "Report", "ServerProcess", "add_scenario_arguments", "main"]
 
@@ -43,6 +43,6 @@ def main(args: argparse.Namespace) -> int:
     # Imported here, not at the top: the command line imports this package to build its parser for
     # every command, and the scenarios import torch (measured: `python -m harness --help` takes
     # 0.13 s, importing torch alone 1.5-2 s on a 2-core host).
-    from harness.experiments.scenarios.command import run
+    from harness.experiments.scenario.scenario_command import run
 
     return run(args)

@@ -9,20 +9,20 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.drivers.options import resolve_config
+from harness.drivers.config_options import resolve_config
 from harness.errors import HarnessError
-from harness.experiments.scenarios.bad_input import bad_input_inprocess
-from harness.experiments.scenarios.bad_messages import bad_input_ws
-from harness.experiments.scenarios.cancel import cancel_inprocess, cancel_ws
-from harness.experiments.scenarios.crash import crash_inprocess, crash_ws
-from harness.experiments.scenarios.figures import MS
-from harness.experiments.scenarios.interactive import interactive_ws
-from harness.experiments.scenarios.params import Params, params_from
-from harness.experiments.scenarios.points import cancel_points, ws_cancel_points
-from harness.experiments.scenarios.report import Report
-from harness.experiments.scenarios.server_process import REPO_ROOT, ServerProcess, check_stopped_cleanly, serve_argv
-from harness.experiments.scenarios.slow_consumer import slow_consumer_inprocess, slow_consumer_ws
-from harness.experiments.scenarios.topology import Topology, leak_checks
+from harness.experiments.scenario.bad_input import bad_input_inprocess
+from harness.experiments.scenario.bad_messages import bad_input_ws
+from harness.experiments.scenario.cancel import cancel_inprocess, cancel_ws
+from harness.experiments.scenario.crash import crash_inprocess, crash_ws
+from harness.experiments.scenario.session_figures import MS
+from harness.experiments.scenario.interactive import interactive_ws
+from harness.experiments.scenario.params import Params, params_from
+from harness.experiments.scenario.points import cancel_points, ws_cancel_points
+from harness.experiments.scenario.findings import Report
+from harness.experiments.scenario.server_process import REPO_ROOT, ServerProcess, check_stopped_cleanly, serve_argv
+from harness.experiments.scenario.slow_consumer import slow_consumer_inprocess, slow_consumer_ws
+from harness.experiments.scenario.topology import Topology, leak_checks
 from harness.serving.client import session_url
 from harness.serving.player import parse_trace
 

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from harness.experiments.replay.backends import h1b_arms
+from harness.experiments.replay.op_backends import h1b_arms
 from harness.experiments.replay.h1b import h1b_text, load_h1b
 from harness.experiments.replay.reference import ATOL, REL_L2, RTOL
 from harness.experiments.replay.settings import KINDS

@@ -12,7 +12,7 @@ P rounded after the row max is subtracted, the row sum kept in fp32, as FA3 does
 same FP64 reference they answer "what if Q/K stayed bf16" or "what does P's rounding alone cost"
 — choices the FA3 kernel (one dtype for Q, K and V) cannot run.
 
-``register`` adds these rows to the registry of ``backends`` (which does not import this module);
+``register`` adds these rows to the registry of ``op_backends`` (which does not import this module);
 ``runner.load_backends`` calls it.
 """
 
@@ -22,7 +22,7 @@ import torch
 
 from harness.engine import fa3
 from harness.engine.fa3 import FP8, quantize_heads
-from harness.experiments.replay.backends import Prepared, Unsupported, attn_views, is_half, register_backend
+from harness.experiments.replay.op_backends import Prepared, Unsupported, attn_views, is_half, register_backend
 
 EMULATIONS = ("v", "qk", "p", "qkv", "qkvp")
 

@@ -12,11 +12,11 @@ from pathlib import Path
 from harness.config import override
 from harness.drivers.launcher import RankFailed
 from harness.drivers.procwatch import DeathWatch, FirstDeath, wait_gone
-from harness.experiments.scenarios.figures import MS, ms
-from harness.experiments.scenarios.params import Params
-from harness.experiments.scenarios.report import Report, check_reaped, reaped_cells
-from harness.experiments.scenarios.server_process import ServerProcess, preset_of
-from harness.experiments.scenarios.topology import prompt_for, serve_watched
+from harness.experiments.scenario.session_figures import MS, ms
+from harness.experiments.scenario.params import Params
+from harness.experiments.scenario.findings import Report, check_reaped, reaped_cells
+from harness.experiments.scenario.server_process import ServerProcess, preset_of
+from harness.experiments.scenario.topology import prompt_for, serve_watched
 from harness.measure.clock import now
 from harness.measure.events import EventFormatError, read_events, validate_events
 from harness.serving.client import ViewerOptions, run_session

@@ -14,8 +14,8 @@ from typing import Callable
 from harness.config import override
 from harness.drivers.driver import Driver, SessionControl
 from harness.drivers.procwatch import DeathWatch, FirstDeath, shm_names, wait_gone
-from harness.drivers.serve import ServeOptions, serve
-from harness.experiments.scenarios.report import Report
+from harness.drivers.serve_run import ServeOptions, serve
+from harness.experiments.scenario.findings import Report
 from harness.measure.clock import now
 from harness.pipeline import messages as M
 from harness.pipeline.ring import leftover_segments

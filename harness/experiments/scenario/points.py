@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from harness.experiments.scenarios.figures import MS
+from harness.experiments.scenario.session_figures import MS
 from harness.measure.clock import now
 
 

@@ -46,9 +46,10 @@ from harness.measure import production as P
 from harness.measure import stats as S
 from harness.measure import tails as T
 from harness.measure.events import BOUNDARIES, ChunkEvent, SessionStart, read_run
+from harness.measure.headline import HEADLINE_COLUMNS  # report.md's headline table is the console's
 from harness.measure.stages import INTERVALS, STAGE_NAMES, STAGES
 from harness.measure.setting import flag_lines, run_setting
-from harness.measure.telemetry import TELEMETRY_FIGURES, telemetry_line
+from harness.measure.telemetry_figures import TELEMETRY_FIGURES, telemetry_line
 from harness.measure.summary import FLAG_STALLED, FLAG_THROTTLED, RULE_SCHEMA, SUMMARY_FILE, build_summary, dist, upgrade_summary
 
 PLOT_BOUNDARIES: tuple[str, ...] = ("cpu_ready", "encoded", "delivered")
@@ -527,7 +528,6 @@ def _ci(ci) -> str:
 
 BOUNDARY_COLUMNS = ("boundary", "n", "sessions", "interval_p50", "interval_p50_ci", "interval_p99", "interval_p99_ci",
                     "interval_max", "fps_mean", "fps_median")
-HEADLINE_COLUMNS = ("boundary", "fps_mean", "fps_median", "interval_p50", "interval_p99", "ttfc_p50", "n")
 TTFC_COLUMNS = ("boundary", "n", "ttfc_p50", "ttfc_min", "ttfc_max")
 STAGE_COLUMNS = ("stage", "span", "n", "stage_p50", "stage_mean", "stage_share", "stage_of_interval")
 HANDOFF_COLUMNS = ("handoff_p50", "n")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from harness.config import REPO_ROOT, load_config
 from harness.drivers.procwatch import shm_names, start_time, wait_gone, workers_of
-from harness.experiments.scenarios.report import Report
+from harness.experiments.scenario.findings import Report
 
 
 def _stop_with_parent() -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 import torch
 
 from harness.errors import HarnessError
-from harness.experiments.replay.arguments import csv, ints
-from harness.experiments.replay.backends import BACKENDS
+from harness.experiments.replay.replay_options import csv, ints
+from harness.experiments.replay.op_backends import BACKENDS
 from harness.experiments.replay.cases import Case, load_cases, synthetic_cases
-from harness.experiments.replay.report import build_doc, write_outputs
+from harness.experiments.replay.outputs import build_doc, write_outputs
 from harness.experiments.replay.runner import classify, replay_cases
 from harness.experiments.replay.settings import KINDS
 from harness.experiments.replay.single import run_single

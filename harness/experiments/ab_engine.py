@@ -36,7 +36,7 @@ import torch
 
 from harness import candidates as C
 from harness.config import HarnessConfig, override
-from harness.drivers.options import base_config
+from harness.drivers.config_options import base_config
 from harness.engine.groups import RankGroup, run_ranks
 from harness.errors import HarnessError
 from harness.experiments.bench_engine import dit_engine_for, steady_chunk_index, timed_session, warmup_chunks

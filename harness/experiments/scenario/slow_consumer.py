@@ -11,12 +11,12 @@ import tempfile
 from pathlib import Path
 
 from harness.drivers.procwatch import RssSampler
-from harness.experiments.scenarios import figures as F
-from harness.experiments.scenarios.figures import MS
-from harness.experiments.scenarios.params import Params
-from harness.experiments.scenarios.report import Report
-from harness.experiments.scenarios.server_process import ServerProcess
-from harness.experiments.scenarios.topology import Bench, prompt_for
+from harness.experiments.scenario import session_figures as F
+from harness.experiments.scenario.session_figures import MS
+from harness.experiments.scenario.params import Params
+from harness.experiments.scenario.findings import Report
+from harness.experiments.scenario.server_process import ServerProcess
+from harness.experiments.scenario.topology import Bench, prompt_for
 from harness.measure.events import read_events
 from harness.serving.client import ViewerOptions, run_session, status
 

@@ -1,4 +1,6 @@
-"""Measurement protocols (DESIGN §4): how many sessions a serve runs and what its summary adds.
+"""``serve``: the command (``main``: the embedded driver, or the endpoint with ``--listen``) and its
+measurement protocols (DESIGN §4): how many sessions a serve runs and what its summary adds. The
+run itself — launch, sessions, run directory — is ``drivers.serve_run``.
 
 - ``timing``: 1 warm-up + the measured sessions of the config (``--sessions`` counts them all);
   steady chunks 5–8 (clipped to shorter sessions by ``metrics.window_for``).
@@ -20,8 +22,8 @@ from typing import Literal
 import msgspec
 
 from harness.config import HarnessConfig, override
-from harness.drivers.options import launcher_options, resolve_config
-from harness.drivers.serve import ServeOptions, ServeResult, serve
+from harness.drivers.config_options import launcher_options, resolve_config
+from harness.drivers.serve_run import ServeOptions, ServeResult, serve
 from harness.errors import HarnessError
 from harness.hooks import parse_hooks
 from harness.measure import figures as F
@@ -40,7 +42,7 @@ TAIL_BOUNDARIES: tuple[str, ...] = ("cpu_ready", "encoded", "delivered")
 TAIL_REFERENCE = "cpu_ready"
 
 
-class Protocol(msgspec.Struct, frozen=True, kw_only=True):
+class MeasurementProtocol(msgspec.Struct, frozen=True, kw_only=True):
     name: ProtocolName
     #: every session, the warm-up one included (the meaning of --sessions)
     sessions: int
@@ -57,7 +59,8 @@ class Protocol(msgspec.Struct, frozen=True, kw_only=True):
         return self.sessions - self.warmup_sessions
 
 
-def protocol_for(name: str, cfg: HarnessConfig, sessions: int | None = None, slowest: int = tails.DEFAULT_SLOWEST) -> Protocol:
+def protocol_for(name: str, cfg: HarnessConfig, sessions: int | None = None,
+                 slowest: int = tails.DEFAULT_SLOWEST) -> MeasurementProtocol:
     """The protocol ``name`` on ``cfg``; ``sessions`` (all of them, warm-up included) overrides its default."""
     if name not in PROTOCOLS:
         raise HarnessError(f"unknown protocol {name!r} (known: {', '.join(PROTOCOLS)})")
@@ -70,15 +73,15 @@ def protocol_for(name: str, cfg: HarnessConfig, sessions: int | None = None, slo
     else:
         n, slowest = sessions if sessions is not None else cfg.runtime.sessions, 0
     w = window_for(cfg.video.chunks_per_session)
-    return Protocol(name=name, sessions=n, chunks_per_session=cfg.video.chunks_per_session,
+    return MeasurementProtocol(name=name, sessions=n, chunks_per_session=cfg.video.chunks_per_session,
                     window_first_chunk=w.first_chunk, window_last_chunk=w.last_chunk, slowest=slowest)
 
 
-def apply(cfg: HarnessConfig, proto: Protocol) -> HarnessConfig:
+def apply(cfg: HarnessConfig, proto: MeasurementProtocol) -> HarnessConfig:
     return override(cfg, runtime={"sessions": proto.sessions})
 
 
-def summary_extra(proto: Protocol):
+def summary_extra(proto: MeasurementProtocol):
     """What the protocol adds to ``summary.json`` (None: nothing)."""
     if proto.name != "long-tail":
         return None
@@ -111,7 +114,7 @@ def slice_lines(summary: dict) -> list[str]:
     return out
 
 
-def serve_options(proto: Protocol, opts: ServeOptions) -> ServeOptions:
+def serve_options(proto: MeasurementProtocol, opts: ServeOptions) -> ServeOptions:
     return ServeOptions(**{**opts.__dict__, "protocol": msgspec.to_builtins(proto), "summary_extra": summary_extra(proto)})
 
 

@@ -1,7 +1,6 @@
-"""Commands over finished run directories: ``gate`` (two runs' saved outputs) and ``report``.
+"""``gate``: the numeric gate between two finished runs' saved outputs.
 
-Both refuse a directory that is not a finished run (``drivers.runstate``) before reading it;
-``report`` also takes a live run (a snapshot), never a dead one.
+It refuses a directory that is not a finished run (``drivers.runstate``) before reading it.
 """
 
 from __future__ import annotations
@@ -12,11 +11,10 @@ import msgspec
 
 from harness.drivers.runstate import refuse_unfinished
 from harness.errors import EXIT_FAIL, HarnessError
-from harness.measure import report
 from harness.measure.gates import gate
 
 
-def gate_main(args) -> int:
+def main(args) -> int:
     """``python -m harness gate RUN_A RUN_B``: per-file lines, the verdict; exit 0 only on pass."""
     for d in (args.run_a, args.run_b):
         if not (Path(d) / "outputs").is_dir():
@@ -31,10 +29,3 @@ def gate_main(args) -> int:
     if args.json:
         Path(args.json).write_bytes(msgspec.json.encode(res))
     return 0 if res.passed else EXIT_FAIL
-
-
-def report_main(args) -> int:
-    """``python -m harness report RUN_DIR…``."""
-    for d in args.runs:
-        refuse_unfinished(d, allow_running=True)  # a live run's report is a snapshot; a dead one's is not a run
-    return report.main(args)

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.drivers.driver import SessionControl
-from harness.experiments.scenarios.figures import MS, decoded_hashes
-from harness.experiments.scenarios.params import Params
-from harness.experiments.scenarios.points import CancelPoint, Trigger, WsCancelPoint, cancel_points, where, ws_cancel_points
-from harness.experiments.scenarios.report import Report
-from harness.experiments.scenarios.server_process import ServerProcess
-from harness.experiments.scenarios.topology import Bench, prompt_for
+from harness.experiments.scenario.session_figures import MS, decoded_hashes
+from harness.experiments.scenario.params import Params
+from harness.experiments.scenario.points import CancelPoint, Trigger, WsCancelPoint, cancel_points, where, ws_cancel_points
+from harness.experiments.scenario.findings import Report
+from harness.experiments.scenario.server_process import ServerProcess
+from harness.experiments.scenario.topology import Bench, prompt_for
 from harness.serving.client import ViewerOptions, run_session, status, verify_media
 
 

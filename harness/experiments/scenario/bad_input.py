@@ -28,14 +28,14 @@ from harness.engine.conditions import SessionConditions
 from harness.engine.dit_engine import DitEngine
 from harness.engine.groups import RankGroup
 from harness.errors import HarnessError, report
-from harness.experiments.protocols import main as serve_main
-from harness.experiments.scenarios.params import Params
-from harness.experiments.scenarios.report import Findings, Report
-from harness.experiments.scenarios.server_process import REPO_ROOT
-from harness.experiments.scenarios.topology import serve_watched
+from harness.experiments.serve import main as serve_main
+from harness.experiments.scenario.params import Params
+from harness.experiments.scenario.findings import Findings, Report
+from harness.experiments.scenario.server_process import REPO_ROOT
+from harness.experiments.scenario.topology import serve_watched
 from harness.pipeline import messages as M
 from harness.serving.client import main as client_main
-from harness.serving.options import add_client_arguments, add_serve_command
+from harness.serving.cli_options import add_client_arguments, add_serve_command
 
 
 @dataclass

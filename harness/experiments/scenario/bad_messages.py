@@ -9,9 +9,9 @@ import asyncio
 import aiohttp
 from aiohttp import WSMsgType
 
-from harness.experiments.scenarios.params import Params
-from harness.experiments.scenarios.report import Findings, Report
-from harness.experiments.scenarios.topology import prompt_for
+from harness.experiments.scenario.params import Params
+from harness.experiments.scenario.findings import Findings, Report
+from harness.experiments.scenario.topology import prompt_for
 from harness.serving import protocol as W
 from harness.serving.client import ViewerOptions, run_session, status
 

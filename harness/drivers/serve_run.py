@@ -1,4 +1,5 @@
-"""``serve``: launch the topology, run the sessions, write the run directory.
+"""One serve run, below the ``serve`` command (``experiments.serve``): launch the topology, run the
+sessions, write the run directory.
 
 Order of business: validate and create the run directory (so a bad output path fails before any
 process starts), create the frame ring, launch the ranks, run warm-up + measured sessions, write
@@ -43,7 +44,7 @@ from harness.limits import check_fits
 from harness.measure.events import ChunkEvent, read_events
 from harness.measure.metrics import Window, served_chunks, window_for
 from harness.measure.summary import DEFAULT_REFERENCE, SUMMARY_FILE, build_summary, run_summary
-from harness.measure.telemetry import run_telemetry
+from harness.measure.telemetry_figures import run_telemetry
 from harness.pipeline.encoder import encoder_class
 from harness.pipeline.ring import FrameRing
 from harness.workers.encoder_worker import check_sink_spec
@@ -57,7 +58,7 @@ class ServeOptions:
     progress: bool = True
     faults: dict[str, str] = field(default_factory=dict)
     probes: bool = True  # control round trip measured once before the sessions
-    #: the measurement protocol (name, …), merged into the manifest's ``protocol`` (experiments.protocols sets it)
+    #: the measurement protocol (name, …), merged into the manifest's ``protocol`` (experiments.serve sets it)
     protocol: dict = field(default_factory=lambda: {"name": "timing"})
     #: extra summary sections computed from the finished run: fn(events, sessions, window) -> dict
     summary_extra: Callable[[list, list, Window], dict] | None = None

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from harness.cli import main
-from harness.experiments import engine_ab as E
+from harness.experiments import ab_engine as E
 
 
 def test_h2a_over_two_sp_ranks_passes_its_exact_gate(tmp_path):

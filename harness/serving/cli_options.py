@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from harness.drivers.options import add_serve_options
+from harness.drivers.config_options import add_serve_options
 
 
 def add_serve_command(p: argparse.ArgumentParser) -> None:
