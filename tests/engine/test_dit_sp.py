@@ -12,7 +12,10 @@ from harness.engine.conditions import SessionConditions
 from harness.engine.dit_engine import DitEngine
 from harness.engine.groups import RankGroup, run_ranks
 
-CHUNKS = 8  # window saturates at chunk 5 and evicts from chunk 6
+#: a 3-sink + 6-recent window: saturated at chunk 2, evicting at chunks 3 and 4 — the preset's
+#: 9 + 9 window does the same at chunks 5-7, in 8 chunks instead of 5
+CACHE = {"sink_frames": 3, "window_frames": 9}
+CHUNKS = 5
 _ACTIONS = [["W", "WJ", ""], ["D", "", "I"], ["", "", ""], ["SL", "K", "A"]]
 
 
@@ -21,7 +24,7 @@ def _actions(chunk: int) -> list[str]:
 
 
 def _run(group: RankGroup, cfg, kv_paths: tuple[str, ...], chunks: int) -> dict:
-    cfg = override(cfg, parallel={"sp": group.size})
+    cfg = override(cfg, parallel={"sp": group.size}, cache=CACHE)
     eng = DitEngine(cfg, group=group, device=torch.device("cpu"), seed=3)
     v = cfg.video
     image = torch.randn(16, 1, v.latent_h, v.latent_w, generator=torch.Generator().manual_seed(5))
@@ -50,6 +53,8 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 
 @pytest.mark.parametrize("sp,paths", [(2, ("gather", "paged", "window:gather")), (4, ("gather", "window:gather"))])
 def test_sp_equals_sp1(reference, sp, paths):
+    frame_tokens = 3 * load_preset("tiny").tokens_per_frame  # a chunk's 3 latent frames
+    assert reference["gather_kv_tokens"] == [n * frame_tokens for n in (1, 2, 3, 3, 3)]  # full at 2, evicting at 3, 4
     results = run_ranks(_run, sp, load_preset("tiny"), paths, CHUNKS)
     if "window:gather" in paths:  # the same kernel over the same values in the same order: the same bytes
         for r in results:

@@ -112,12 +112,17 @@ def test_emulation_rounds_p_to_e4m3_like_the_kernel():
 
 
 # ---- the engine: SP 1/2/4, both layouts, eviction and cancel, revert ------------------------------
-CHUNKS = 7  # saturated at chunk 5, evicting from chunk 6
+#: the tiny preset with a 3-sink + 6-recent window (saturated at chunk 2, evicting from chunk 3)
+#: and 2 denoising steps: eviction and re-written chunks as the preset's 9 + 9 window and 4 steps
+#: have them, in 4 chunks of half the forwards instead of 7 chunks
+CACHE = {"sink_frames": 3, "window_frames": 9}
+STEPS = (1000, 500)
+CHUNKS = 4
 
 
 def _engine_run(group: RankGroup, layouts: tuple[str, ...], revert_check: bool = False) -> dict:
     torch.set_num_threads(1)
-    cfg = override(load_preset("tiny"), parallel={"sp": group.size})
+    cfg = override(load_preset("tiny"), parallel={"sp": group.size}, cache=CACHE, schedule={"timesteps": STEPS})
     eng = DitEngine(cfg, group=group, device=torch.device("cpu"), seed=3)
     image = torch.randn(16, 1, cfg.video.latent_h, cfg.video.latent_w, generator=torch.Generator().manual_seed(5))
     out = {}

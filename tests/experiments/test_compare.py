@@ -221,7 +221,7 @@ def test_compare_records_its_setting_and_verdicts_reads_it(h5a_compare):
     res = json.loads((out / "compare.json").read_text())
     tiny = load_preset("tiny")
     assert res["setting"]["preset"] == "tiny" and res["setting"]["mode"] == "eager"
-    assert res["setting"]["layers"] == tiny.model.num_layers and res["setting"]["sp"] == tiny.parallel.sp
+    assert res["setting"]["layers"] == tiny.model.num_layers and res["setting"]["sp"] == 1 != tiny.parallel.sp  # --sp 1
     v = load(out)
     assert (v.candidate, v.method, v.verdict) == ("H5a", "compare", res["verdict"])
     head = next(r for r in res["rows"] if r["boundary"] == "cpu_ready" and r["metric"].startswith("steady"))

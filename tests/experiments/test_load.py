@@ -19,10 +19,12 @@ from harness.measure.summary import read_summary
 from harness.serving import client as C
 from harness.serving import omni_client as OC
 
+from helpers.presets import ONE_RANK_EACH
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(["--preset", "tiny"], tmp_path_factory.mktemp("load") / "server")
+    srv = ServerProcess(["--preset", "tiny", *ONE_RANK_EACH], tmp_path_factory.mktemp("load") / "server")
     yield srv
     srv.stop()
 

@@ -29,6 +29,7 @@ from harness.serving.client import ViewerOptions, run_session
 from harness.serving.guards import DEFAULT_IDLE_TIMEOUT_S
 
 from helpers import REPO
+from helpers.presets import ONE_RANK_EACH
 
 HEARTBEAT_S = 10.0  # ListenOptions.heartbeat_s, the default
 
@@ -36,7 +37,7 @@ HEARTBEAT_S = 10.0  # ListenOptions.heartbeat_s, the default
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     # every slot from this one peer: the global limit is what is tested
-    srv = ServerProcess(["--preset", "tiny", "--warmup-chunks", "0", "--max-peer-connections", "8"],
+    srv = ServerProcess(["--preset", "tiny", "--warmup-chunks", "0", "--max-peer-connections", "8", *ONE_RANK_EACH],
                         tmp_path_factory.mktemp("idle") / "run")
     yield srv
     if srv.proc.poll() is None:

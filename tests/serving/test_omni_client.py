@@ -22,6 +22,8 @@ from harness.serving.omni_client import (ChunkRecord, ClientSession, Workload, c
                                          client_manifest, split_frames, start_message)
 from harness.serving.protocol import boot_id
 
+from helpers.presets import ONE_RANK_EACH
+
 CHUNKS = 3
 
 
@@ -95,7 +97,7 @@ def test_gate_compares_two_pixel_only_runs_on_pixels(tmp_path):
 @pytest.fixture(scope="module")
 def measured_harness_server(tmp_path_factory):
     base = tmp_path_factory.mktemp("omni")
-    srv = ServerProcess(["--preset", "tiny", "--api", "vllm-omni", "--sessions", "2"], base / "server")
+    srv = ServerProcess(["--preset", "tiny", "--api", "vllm-omni", "--sessions", "2", *ONE_RANK_EACH], base / "server")
     host_port = srv.url.split("//")[1].split("/")[0]
     r = subprocess.run([sys.executable, "-m", "harness", "client", "--api", "vllm-omni", "--connect", host_port,
                         "--sessions", "2", "--chunks", str(CHUNKS), "--seed", "4", "--interaction-every", "1",

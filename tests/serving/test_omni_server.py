@@ -23,6 +23,8 @@ from harness.measure.events import BOUNDARIES, read_events, validate_events
 from harness.serving import omni_protocol as O
 from harness.serving import protocol as W
 
+from helpers.presets import ONE_RANK_EACH
+
 START_TIMEOUT_S = 1.0
 SEED, CHUNKS = 5, 2
 SCRIPT = [[["w"], ["w"], ["d"]], [["a"], [], ["s"]]]
@@ -81,7 +83,7 @@ def interaction(event_id: str, **event) -> str:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = ServerProcess(["--preset", "tiny", "--api", "vllm-omni", "--start-timeout", str(START_TIMEOUT_S),
-                         "--warmup-chunks", "0", "--window", "1"], tmp_path_factory.mktemp("omni") / "run")
+                         "--warmup-chunks", "0", "--window", "1", *ONE_RANK_EACH], tmp_path_factory.mktemp("omni") / "run")
     srv.workers_at_start = srv.workers()
     yield srv
     if srv.proc.poll() is None:

@@ -21,6 +21,8 @@ from harness.serving.client import ViewerOptions, first_frame_playout, playout, 
 from harness.serving.player import TraceEvent
 from harness.serving.server import ListenOptions, StreamServer, StreamSession
 
+from helpers.presets import ONE_RANK_EACH
+
 
 class Conn:
     open, errors = True, 0
@@ -105,7 +107,7 @@ TRACE = (TraceEvent(0.0, "w", "a"), TraceEvent(0.0, "wj", "b"), TraceEvent(0.0, 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = ServerProcess(["--preset", "tiny", "--scheduler", "case-d"], tmp_path_factory.mktemp("player") / "run")
+    srv = ServerProcess(["--preset", "tiny", "--scheduler", "case-d", *ONE_RANK_EACH], tmp_path_factory.mktemp("player") / "run")
     yield srv
     srv.stop()
 

@@ -1,6 +1,7 @@
-"""``serve --listen --launcher ray --replicas 2`` (tiny preset, CPU, a Ray instance the server
-starts and shuts down, fractional CPUs on the small box): one placement group per replica, two
-sessions at once each on its own replica, and nothing of Ray left once the server stopped."""
+"""``serve --listen --launcher ray --replicas 2`` (tiny preset, SP 1 and one VAE rank, CPU, a Ray
+instance the server starts and shuts down, fractional CPUs on the small box): one placement group
+per replica, two sessions at once each on its own replica, and nothing of Ray left once the server
+stopped."""
 
 from __future__ import annotations
 
@@ -18,10 +19,13 @@ from harness.experiments.scenario import ServerProcess  # noqa: E402
 from harness.measure.events import read_events  # noqa: E402
 from harness.serving.client import run_session  # noqa: E402
 
+from helpers.presets import ONE_RANK_EACH  # noqa: E402
+
 
 def test_two_ray_replicas_serve_two_sessions_at_once(tmp_path):
-    srv = ServerProcess(["--preset", "tiny", "--launcher", "ray", "--replicas", "2", "--warmup-chunks", "0"],
-                        tmp_path / "run")
+    # three actors a replica instead of five: ranks over Ray have tests/drivers/test_ray_launcher.py
+    srv = ServerProcess(["--preset", "tiny", "--launcher", "ray", "--replicas", "2", "--warmup-chunks", "0",
+                         *ONE_RANK_EACH], tmp_path / "run")
     try:
         async def two():
             return await asyncio.gather(*(run_session(srv.url, preset="tiny", seed=s, chunks=2) for s in (1, 2)))
