@@ -50,7 +50,7 @@ from harness.engine import camera, schedule
 from harness.engine.attention import dense, kv_path
 from harness.engine.conditions import (ImageCondition, SessionConditions, image_condition, model_input, session_image,
                                        session_text_embedding)
-from harness.engine.dit import ForwardContext, RopeTables, TokenLayout, WanDiT, build_model, sinusoidal
+from harness.engine.dit import CameraModulation, ForwardContext, RopeTables, TokenLayout, WanDiT, build_model, sinusoidal
 from harness.engine.groups import RankGroup
 from harness.engine.kvcache import PagedKVCache, SessionKV
 from harness.engine.noise import SessionNoise
@@ -123,8 +123,8 @@ class DitEngine:
         self.rope = RopeTables(m.head_dim, self.grid, self.layout, self.device)
         self.t_freq = sinusoidal(self.timesteps, m.freq_dim).to(self.device)  # (phases, freq_dim)
         self.rays = camera.CameraRays(v.height, v.width, self.device)
-        #: H2a switch: evaluate the per-block camera injection in a chunk's first forward only.
-        self.camera_cache = False
+        #: Makes each chunk's ``CameraModulation`` (the seam H2a's camera cache installs into).
+        self.camera_modulation: Callable[[], CameraModulation] = CameraModulation
         self.mode = cfg.runtime.mode
         self.compile_options: dict = {}
         self._compile_base: dict[str, int] = {}
@@ -259,7 +259,7 @@ class DitEngine:
         session.kv_tokens.append(self.cache.visible_tokens(session.kv))
         ctx = ForwardContext(group=self.group, layout=self.layout, grid=self.grid, rope=self.rope.for_chunk(first),
                              cache=self.cache, kv=session.kv, text_kv=session.text_kv, group_blocks=self.group_blocks,
-                             camera=[] if self.camera_cache else None)
+                             camera=self.camera_modulation())
         if self.hooks:
             self._emit("chunk_start", session=session.sid, chunk=session.chunk, kv_tokens=session.kv_tokens[-1])
 
@@ -274,7 +274,7 @@ class DitEngine:
             if i + 1 < steps:
                 x = schedule.renoise(x0, self._noise(session, i + 1), self.sigmas[i + 1])
         self._forward(session, ctx, x0, y, cam, steps)  # commit: K/V of the clean chunk
-        ctx.camera = None  # the camera cache lives for one chunk: the next one has new poses
+        ctx.camera.end_chunk()  # what it kept lives for one chunk: the next one has new poses
         self.cache.commit(session.kv)
         # only once the chunk committed: a failed chunk retries from the same place
         session.pose_state = moved

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from harness.candidates import EnginePatches
 from harness.candidates.h4b_pinned_d2h import PinnedCopy
 from harness.config import load_preset, override
 from harness.engine import convert
@@ -201,6 +202,16 @@ def _steady(times: list[float]) -> float:
     return round(statistics.median(times[5:] or times), 1)
 
 
+def _with_candidate(eng, cid: str, chunks: int) -> tuple[list[np.ndarray], list[float]]:
+    """One session with candidate ``cid`` patched in as a DiT rank patches it, reverted after."""
+    patches = EnginePatches([cid])
+    patches.apply(dit=eng)
+    try:
+        return _dit_session(eng, chunks)
+    finally:
+        patches.revert()
+
+
 #: Compiled variants ``check_dit`` can time and gate against eager: (inductor mode, extra options).
 #: "engine" is what ``--mode compiled`` runs; the others isolate one choice each.
 VARIANTS = {
@@ -220,9 +231,7 @@ def check_dit(chunks: int = 7, compile_mode: str | None = None, h2a: bool = True
     eager, t_eager = _dit_session(eng, chunks)
     out["eager_chunk_ms"] = [round(t) for t in t_eager]
     if h2a:
-        eng.camera_cache = True
-        cached, t_cached = _dit_session(eng, chunks)
-        eng.camera_cache = False
+        cached, t_cached = _with_candidate(eng, "H2a", chunks)
         out["h2a_eager"] = {"exact": all(a.tobytes() == b.tobytes() for a, b in zip(eager, cached)),
                             "chunk_ms": [round(t) for t in t_cached],
                             "steady_ratio": round(_steady(t_cached) / _steady(t_eager), 3)}
@@ -252,9 +261,7 @@ def check_dit(chunks: int = 7, compile_mode: str | None = None, h2a: bool = True
                "compiles_first_chunk": st["compiles_per_chunk"][0],
                "compiles_after_first_chunk": sum(st["compiles_per_chunk"][1:])}
         if h2a and name == variants[0]:
-            eng.camera_cache = True
-            cached_c, t_cc = _dit_session(eng, chunks)
-            eng.camera_cache = False
+            cached_c, t_cc = _with_candidate(eng, "H2a", chunks)
             rec["h2a"] = {"exact": all(a.tobytes() == b.tobytes() for a, b in zip(compiled2, cached_c)),
                           "steady_ratio": round(_steady(t_cc) / _steady(t_comp2), 3)}
         out[name] = rec
