@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from harness.config import ModelConfig
-from harness.engine.attention import DenseFn, KvPathFn, cross_attention, dense, kv_path
+from harness.engine.attention import AttentionChoice, DenseFn, KvPathFn, cross_attention
 from harness.engine.groups import RankGroup
 from harness.engine.kvcache import PagedKVCache, SessionKV
 from harness.engine.ulysses import gather_tokens, heads_to_seq, seq_to_heads
@@ -194,7 +194,7 @@ class ForwardContext:
     kv: SessionKV
     text_kv: list[tuple[Tensor, Tensor]]  # per layer, (1, H, L, D): every head on every rank
     group_blocks: int  # blocks per step of the paged KV path
-    kv_fn: KvPathFn | None = None  # resolved from the model's switches at each forward
+    kv_fn: KvPathFn | None = None  # resolved from the model's AttentionChoice at each forward
     attend: DenseFn | None = None
     #: Where each block's camera (scale, shift) comes from in this chunk's forwards (one object
     #: per chunk, made by ``DitEngine.camera_modulation``).
@@ -375,9 +375,8 @@ class WanDiT(nn.Module):
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim, dtype=dtype))
         self.blocks = nn.ModuleList([Block(m, dtype, i) for i in range(m.num_layers)])
         self.head = Head(m, dtype)
-        # Runtime switches a candidate may flip between forwards (names in attention.KV_PATHS / DENSE).
-        self.kv_path = "gather"
-        self.attention = "sdpa"
+        #: The attention kernels every forward runs; replaced whole between forwards.
+        self.attention_choice = AttentionChoice()
         #: Per block, the compiled (forward, camera) pair; None runs the blocks eagerly.
         self.compiled_blocks: tuple[tuple, ...] | None = None
 
@@ -403,7 +402,7 @@ class WanDiT(nn.Module):
     def forward(self, x_in: Tensor, t_freq: Tensor, cam: Tensor, ctx: ForwardContext) -> Tensor:
         """x_in (36, F, H, W) full chunk on every rank; t_freq (F, freq_dim) sinusoids per frame;
         cam (n_local, 384·4). Returns the velocity (16, F, H, W) in fp32, identical on every rank."""
-        ctx.kv_fn, ctx.attend = kv_path(self.kv_path), dense(self.attention)
+        ctx.kv_fn, ctx.attend = self.attention_choice.kernels()
         lay, dtype = ctx.layout, self.patch_embedding.weight.dtype
         x = self.patch_embedding(x_in.to(dtype).unsqueeze(0)).flatten(2)[0]  # (dim, N)
         x = x[:, lay.start : lay.end].t().float().contiguous()  # the residual stream is fp32 (see the top)

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -47,7 +47,7 @@ from torch._dynamo.utils import counters, get_compilation_metrics
 
 from harness.config import LATENT_CHANNELS, HarnessConfig
 from harness.engine import camera, schedule
-from harness.engine.attention import dense, kv_path
+from harness.engine.attention import AttentionChoice
 from harness.engine.conditions import (ImageCondition, SessionConditions, image_condition, model_input, session_image,
                                        session_text_embedding)
 from harness.engine.dit import CameraModulation, ForwardContext, RopeTables, TokenLayout, WanDiT, build_model, sinusoidal
@@ -104,8 +104,7 @@ class DitEngine:
                 load_weights(self.model, weights_dir)
             else:
                 init_weights(self.model, seed)
-        self.kv_path = cfg.runtime.kv_path
-        self.attention = cfg.runtime.attention
+        self.attention_choice = AttentionChoice(kv_path=cfg.runtime.kv_path, dense=cfg.runtime.attention)
         #: where a new session's KV blocks go (kvcache.LAYOUTS); read when a session opens
         self.kv_layout = cfg.runtime.kv_layout
 
@@ -135,24 +134,30 @@ class DitEngine:
         if self.mode != "eager" and not self.meta:
             self.compile(compile_mode)
 
-    # ---- runtime switches (a candidate may flip these between chunks) ----------------------------
+    # ---- runtime switches (a candidate may flip these between forwards) --------------------------
+    @property
+    def attention_choice(self) -> AttentionChoice:
+        return self.model.attention_choice
+
+    @attention_choice.setter
+    def attention_choice(self, choice: AttentionChoice) -> None:
+        self.model.attention_choice = choice
+
     @property
     def kv_path(self) -> str:
-        return self.model.kv_path
+        return self.attention_choice.kv_path
 
     @kv_path.setter
     def kv_path(self, name: str) -> None:
-        kv_path(name)
-        self.model.kv_path = name
+        self.attention_choice = replace(self.attention_choice, kv_path=name)
 
     @property
     def attention(self) -> str:
-        return self.model.attention
+        return self.attention_choice.dense
 
     @attention.setter
     def attention(self, name: str) -> None:
-        dense(name)
-        self.model.attention = name
+        self.attention_choice = replace(self.attention_choice, dense=name)
 
     def attention_description(self) -> str:
         layout = "" if self.kv_layout == "paged" else f"{self.kv_layout}:"
