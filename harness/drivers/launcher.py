@@ -23,6 +23,7 @@ from harness.drivers.procwatch import stopped
 from harness.drivers.signals import held
 from harness.engine.groups import free_port
 from harness.errors import HarnessError, RunFailed
+from harness.hooks.spec import HookSet
 from harness.pipeline import messages as M
 from harness.workers.common import WorkerSpec, needs_world
 
@@ -151,7 +152,7 @@ class LocalLauncher(Addressing):
     run_dir: str
     ring_spec: dict
     candidates: tuple[str, ...] = ()
-    hooks: tuple[str, ...] = ()
+    hooks: HookSet = HookSet()
     faults: dict[str, str] = field(default_factory=dict)  # "dit:1" → "die-at-chunk:3"
     procs: list[Proc] = field(default_factory=list)
 

@@ -45,6 +45,7 @@ from harness.drivers.launcher import Addressing, RankFailed
 from harness.drivers.procwatch import wait_gone
 from harness.drivers.ray_actor import RankActor
 from harness.errors import HarnessError
+from harness.hooks.spec import HookSet
 from harness.pipeline import messages as M
 from harness.pipeline.channel import Listener, host_id
 from harness.workers.common import WorkerSpec, needs_world
@@ -99,7 +100,7 @@ class RayLauncher(Addressing):
     run_dir: str
     ring_spec: dict
     candidates: tuple[str, ...] = ()
-    hooks: tuple[str, ...] = ()
+    hooks: HookSet = HookSet()
     faults: dict[str, str] = field(default_factory=dict)
     address: str | None = None  # None: RAY_ADDRESS, the latest local cluster, or a new local instance
     cpus_per_rank: float | None = None  # None: a fair share of the cluster's CPUs, at most 1

@@ -36,7 +36,7 @@ from harness.drivers.signals import received as signals_received
 from harness.engine import backends
 from harness.engine.attention import check_backend
 from harness.errors import HarnessError, RunFailed
-from harness.hooks import DRIVER_REPORT, parse_hooks, trace_report
+from harness.hooks import DRIVER_REPORT, HookSet, trace_report
 from harness.hooks.telemetry import check_telemetry
 from harness.hooks.trace import write_trace
 from harness.limits import check_fits
@@ -49,11 +49,12 @@ from harness.pipeline.ring import FrameRing
 from harness.workers.encoder_worker import check_sink_spec
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServeOptions:
     out: str | None = None
     candidates: tuple[str, ...] = ()
-    hooks: tuple[str, ...] = ()
+    #: parsed once, where the command line is read (``parse_hooks``); travels whole to every rank
+    hooks: HookSet = HookSet()
     progress: bool = True
     faults: dict[str, str] = field(default_factory=dict)
     probes: bool = True  # control round trip measured once before the sessions
@@ -159,7 +160,7 @@ class _Run:
 
 def _preflight(cfg: HarnessConfig, opts: ServeOptions) -> tuple[HarnessConfig, ServeOptions, int | None]:
     """Everything refused before anything is allocated or started; the configured config, the
-    options with their hooks resolved, and the memory estimate."""
+    options, and the memory estimate."""
     if opts.replicas > 1 and opts.session_runner is None:
         raise HarnessError("--replicas serves sessions from clients: it needs --listen")
     backends.check(cfg)  # e.g. --engine vllm-omni without the extra: the install command, now
@@ -169,8 +170,9 @@ def _preflight(cfg: HarnessConfig, opts: ServeOptions) -> tuple[HarnessConfig, S
     encoder_class(cfg.runtime.encoder, cfg.runtime.container)  # likewise an unknown encoder (for its container)
     check_backend(cfg.runtime.attention, cfg.runtime.device)  # and an attention backend, not in every DiT rank
     memory_estimate = check_fits(cfg, device_memory(cfg))  # before the ring or any rank takes memory
-    hookset = parse_hooks(opts.hooks)
-    return cfg, ServeOptions(**{**opts.__dict__, "hooks": hookset.items()}), memory_estimate
+    if not isinstance(opts.hooks, HookSet):  # a caller's mistake, not the user's: strings are parsed at the command line
+        raise TypeError(f"ServeOptions.hooks must be a HookSet (parse_hooks), not {type(opts.hooks).__name__}")
+    return cfg, opts, memory_estimate
 
 
 def _open_run(cfg: HarnessConfig, opts: ServeOptions, memory_estimate: int | None) -> _Run:
@@ -178,7 +180,7 @@ def _open_run(cfg: HarnessConfig, opts: ServeOptions, memory_estimate: int | Non
     run_dir = new_run_dir(opts.out, cfg.name, opts.overwrite)
     reap_dead_rings()  # segments of runs whose whole process group was killed
     prefix = f"harness-{os.getpid()}-{secrets.token_hex(3)}"
-    man = manifest(cfg, candidates=opts.candidates, hooks=opts.hooks, placement=None, devices=None,
+    man = manifest(cfg, candidates=opts.candidates, hooks=opts.hooks.items(), placement=None, devices=None,
                    extra={"status": "running", "owner": owner_record(), "memory_estimate_bytes": memory_estimate,
                           "engine": backends.describe(cfg), "host": {"cpus": os.cpu_count(), "load_start": host_load()}})
     man["protocol"].update(opts.protocol, window=msgspec.to_builtins(window_for(cfg.video.chunks_per_session)))
@@ -374,11 +376,11 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
     window = window_for(cfg.video.chunks_per_session)  # a short session keeps the part of the window it has
     starts = [r.start for r in results]
     figures = build_summary(events, starts, window=window)
-    if "trace" in opts.hooks and events:
+    if opts.hooks.trace and events:
         t = time.perf_counter_ns()
         write_trace(events, run_dir / "trace.json")
         write_json(run_dir / DRIVER_REPORT, trace_report(run_dir / "trace.json", len(events), time.perf_counter_ns() - t))
-    run = dict(status=status, error=error or None, hooks=list(opts.hooks), candidates=list(opts.candidates),
+    run = dict(status=status, error=error or None, hooks=list(opts.hooks.items()), candidates=list(opts.candidates),
                probes=probes, sessions_completed=len(results), stalls=list(stalls),
                stall_report_s=cfg.runtime.stall_report_s, protocol=opts.protocol.get("name", "timing"))
     if cfg.runtime.telemetry_hz:
