@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from harness.candidates import Chosen
 from harness.config import HarnessConfig
 from harness.drivers.procwatch import stopped
 from harness.drivers.signals import held
@@ -151,7 +152,7 @@ class LocalLauncher(Addressing):
     cfg: HarnessConfig
     run_dir: str
     ring_spec: dict
-    candidates: tuple[str, ...] = ()
+    candidates: tuple[Chosen, ...] = ()  # resolved by the driver's preflight
     hooks: HookSet = HookSet()
     faults: dict[str, str] = field(default_factory=dict)  # "dit:1" → "die-at-chunk:3"
     procs: list[Proc] = field(default_factory=list)

@@ -40,6 +40,7 @@ from typing import Any
 
 import msgspec
 
+from harness.candidates import Chosen
 from harness.config import HarnessConfig
 from harness.drivers.launcher import Addressing, RankFailed
 from harness.drivers.procwatch import wait_gone
@@ -99,7 +100,7 @@ class RayLauncher(Addressing):
     cfg: HarnessConfig
     run_dir: str
     ring_spec: dict
-    candidates: tuple[str, ...] = ()
+    candidates: tuple[Chosen, ...] = ()  # resolved by the driver's preflight
     hooks: HookSet = HookSet()
     faults: dict[str, str] = field(default_factory=dict)
     address: str | None = None  # None: RAY_ADDRESS, the latest local cluster, or a new local instance

@@ -23,6 +23,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from harness.candidates import Chosen
 from harness.config import HarnessConfig
 from harness.engine.groups import RankGroup
 from harness.hooks.active import ActiveHooks, activate
@@ -42,7 +43,7 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     dist_host: str = "127.0.0.1"  # rendezvous host: global rank 0's node (another host under Ray)
     run_dir: str = ""
     ring: dict | None = None  # FrameRing spec (VAE rank 0 and the encoder)
-    candidates: tuple[str, ...] = ()
+    candidates: tuple[Chosen, ...] = ()  # resolved by the driver, in apply order
     hooks: HookSet = HookSet()
     threads: int = 1
     deterministic: bool = False

@@ -40,3 +40,20 @@ def test_every_stop_on_the_way_to_a_rank_holds_a_hookset():
     hooks = parse_hooks("dispatch=summary,trace")
     spec = WorkerSpec(role="dit", rank=0, cfg=tiny(), device="cpu", hooks=hooks)
     assert msgspec.structs.replace(spec, rank=1).hooks is hooks
+
+
+def test_candidates_are_resolved_once_and_reach_the_ranks_as_records():
+    from harness.candidates import Chosen, EnginePatches, chosen, get, resolve
+    from harness.drivers.serve import make_launcher
+
+    cfg = tiny()
+    picked = chosen(resolve(["H2a", "H1b:math", "H3b"], cfg))  # apply order; H3b's default argument filled in
+    assert picked == (Chosen("H1b", "math"), Chosen("H2a"), Chosen("H3b", "bf16"))
+    assert [str(c) for c in picked] == ["H1b:math", "H2a", "H3b:bf16"]
+    spec_fields = {f.name: f.type for f in msgspec.structs.fields(WorkerSpec)}
+    assert spec_fields["candidates"] == tuple[Chosen, ...]
+    lnch = make_launcher(ServeOptions(candidates=("H2a", "H1b:math", "H3b")), cfg, "", {}, picked)
+    assert lnch.candidates is picked  # what the ranks get: the resolved records, not the user's strings
+    # a rank's container takes the records as they are: no parsing, no default filled in again
+    assert EnginePatches([Chosen("H3b", "fp16")]).chosen == [(get("H3b"), "fp16")]
+    assert msgspec.json.decode(msgspec.json.encode(picked), type=tuple[Chosen, ...]) == picked
