@@ -197,3 +197,76 @@ def test_the_checks_catch_what_they_guard(tmp_path):
                     "def h():\n    try:\n        import av\n    except ImportError:\n        return None\n\n\n"
                     "def k():\n    try:\n        import numpy\n    except ValueError:\n        return None\n")
     assert silent_imports(code) == ["2: import json", "19: import numpy"]
+
+
+# ---- modules named by string --------------------------------------------------------------------
+#: modules that call ``importlib.import_module`` on a package outside the harness only (optional
+#: extras found by name), so they hold no table of harness modules
+EXTERNAL_LOADERS = {"harness.engine.fa3", "harness.engine.omni.compat", "harness.experiments.replay.op_backends"}
+
+
+def string_registries() -> dict[str, list[tuple[str, str]]]:
+    """importer → the (module, attribute) pairs its table names and imports by string; the
+    layer walk above sees no import statement for them."""
+    # imported here, not at the top: the other tests of this file read source only, no harness code
+    from harness import candidates, cli
+    from harness.drivers import launcher
+    from harness.engine import backends
+
+    def split(target: str) -> tuple[str, str]:
+        module, _, attr = target.partition(":")
+        return module, attr
+
+    return {
+        "harness.cli": [split(target) for _, _, target in cli.COMMANDS.values()],
+        "harness.drivers.launcher": [(m, "main") for m in launcher.WORKERS.values()],
+        "harness.engine.backends": [split(t) for t in backends.DIT_BACKENDS.values()],
+        "harness.candidates": [(f"harness.candidates.{m}", "CANDIDATE") for m in candidates.MODULES.values()],
+    }
+
+
+def string_loaders() -> set[str]:
+    """Modules of the harness whose code calls ``import_module`` (``importlib.import_module`` or a
+    bare ``import_module``)."""
+    out = set()
+    for mod, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+                if name == "import_module":
+                    out.add(mod)
+    return out
+
+
+def top_level_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {e.id for e in ast.walk(t) if isinstance(e, ast.Name)}
+        elif isinstance(node, ast.ImportFrom):
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def test_every_string_registry_is_known_to_this_test():
+    loaders = string_loaders()
+    assert set(string_registries()) | EXTERNAL_LOADERS <= loaders  # the scan sees the ones listed
+    unknown = loaders - set(string_registries()) - EXTERNAL_LOADERS
+    assert not unknown, f"modules importing by string that no registry check covers: {sorted(unknown)}"
+
+
+def test_modules_named_by_string_exist_and_point_down():
+    known, bad = modules(), []
+    for importer, targets in string_registries().items():
+        for module, attr in targets:
+            if module not in known:
+                bad.append(f"{importer} names {module}, which does not exist")
+            elif attr and attr not in top_level_names(known[module]):
+                bad.append(f"{importer} names {module}:{attr}, which the module does not define")
+            elif why := wrong_way(importer, module):
+                bad.append(f"{importer} → {module} ({why}, by string)")
+    assert not bad, "\n".join(bad)

@@ -15,6 +15,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal
 
+import msgspec
+
 from harness.config import HarnessConfig, override
 from harness.errors import HarnessError
 
@@ -63,6 +65,23 @@ class Candidate:
         """An engine candidate that touches neither the VAE nor the output path works on the
         reference DiT (H1a/H1b switch its attention paths, H2a and H6x patch its modules)."""
         return self.changes == "engine" and self.patch_vae is None and self.patch_output is None
+
+
+class Chosen(msgspec.Struct, frozen=True):
+    """One candidate as ``resolve`` accepted it: its id and its argument (the default filled in).
+    What the driver hands every rank, in apply order, so that no rank parses or checks the
+    command line's spelling again."""
+
+    id: str
+    arg: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.id}:{self.arg}" if self.arg else self.id
+
+
+def chosen(pairs: list[tuple[Candidate, str]]) -> tuple[Chosen, ...]:
+    """``resolve``'s (candidate, argument) pairs as the records that travel to the ranks."""
+    return tuple(Chosen(c.id, arg) for c, arg in pairs)
 
 
 def split_id(spec: str) -> tuple[str, str]:
@@ -140,7 +159,12 @@ def in_apply_order(pairs: list[tuple[Candidate, str]]) -> list[tuple[Candidate, 
 
 def configure(specs, cfg: HarnessConfig) -> HarnessConfig:
     """Apply the configuration part of every candidate (driver side, before launch)."""
-    for c, arg in resolve(specs, cfg):
+    return configure_resolved(resolve(specs, cfg), cfg)
+
+
+def configure_resolved(pairs: list[tuple[Candidate, str]], cfg: HarnessConfig) -> HarnessConfig:
+    """``configure`` for pairs ``resolve`` already returned (in its order)."""
+    for c, arg in pairs:
         if c.configure is not None:
             cfg = c.configure(cfg, arg)
     return cfg
@@ -152,11 +176,17 @@ class EnginePatches:
     kept, ``revert()`` undoes them all in reverse order.
 
     A patch that raises takes back the patches applied before it, so a worker is never left
-    half-patched; a patch that returns no revert is a broken candidate and is refused."""
+    half-patched; a patch that returns no revert is a broken candidate and is refused.
 
-    def __init__(self, specs: Iterable[str]):
+    ``specs``: ``Chosen`` records (what a rank gets from the driver, already resolved) or, in a
+    process that holds the engine itself (bench-engine, ab-engine, the GPU checks), id strings."""
+
+    def __init__(self, specs: Iterable[str | Chosen]):
         pairs = []
         for spec in specs:
+            if isinstance(spec, Chosen):
+                pairs.append((get(spec.id), spec.arg))
+                continue
             cid, arg = split_id(spec)
             c = get(cid)
             pairs.append((c, arg or c.default_arg))

@@ -23,11 +23,19 @@ weight ranges of the real checkpoint differ, so re-run the gate with the checkpo
 (``--weights``) before trusting it.
 """
 
+import weakref
+
 import torch.distributed as dist
 
 from harness.candidates import Candidate
 from harness.engine.conditions import SessionConditions
 from harness.engine.fp8_linear import LAYER_SETS, SMOOTHED, block_paths, input_amax, smooth_factors, swap_linears
+
+
+#: The candidate's own state, not an attribute of the engine: per engine ("plain" or
+#: "smooth:<arg>") → linear path → its Fp8Linear, kept across patch/revert so that weights are
+#: quantised (and calibrated) once; a weak key, so it goes with the engine.
+QUANTISED: "weakref.WeakKeyDictionary[object, dict[str, dict]]" = weakref.WeakKeyDictionary()
 
 
 def calibrate(engine, paths: list[str]) -> dict:
@@ -55,7 +63,7 @@ def calibrate(engine, paths: list[str]) -> dict:
 def patch_ffn_fp8(engine, arg: str):
     arg = arg or "ffn"
     n = len(engine.model.blocks)
-    caches = engine.__dict__.setdefault("_fp8_linears", {})  # quantised once per engine
+    caches = QUANTISED.setdefault(engine, {})  # quantised once per engine
     if arg not in SMOOTHED:
         return swap_linears(engine.model, block_paths(n, arg), caches.setdefault("plain", {}))
     cache = caches.setdefault(f"smooth:{arg}", {})

@@ -23,12 +23,19 @@ Gate: threshold (DESIGN §5). Random weights: attention is near-uniform, harder 
 trained model's — the verdict is indicative; re-run with the checkpoint (``--weights``).
 """
 
+import weakref
+
 from harness.candidates import Candidate, set_runtime
 from harness.engine.kv_fp8 import Fp8KVCache
 from harness.errors import HarnessError
 
 #: argument → (FP8 KV kernel, the dense backend for cross-attention; None: the run's own)
 KERNELS = {"fa3": ("fa3", "fa3"), "emulated": ("emulated", None)}
+
+
+#: The candidate's own state, not an attribute of the engine: per engine, kernel → its e4m3
+#: cache, allocated at the first patch and reused by later ones; a weak key, so it goes with the engine.
+POOLS: "weakref.WeakKeyDictionary[object, dict[str, Fp8KVCache]]" = weakref.WeakKeyDictionary()
 
 
 def _configure(cfg, arg: str):
@@ -40,7 +47,7 @@ def _patch(engine, arg: str):
     if engine.cache.stats()["sessions"]:
         raise HarnessError("H6d swaps the engine's KV cache: apply it with no session open")
     kernel, _ = KERNELS[arg]
-    caches = engine.__dict__.setdefault("_fp8_kv", {})  # allocated once per engine and kernel
+    caches = POOLS.setdefault(engine, {})  # allocated once per engine and kernel
     if kernel not in caches:
         caches[kernel] = Fp8KVCache.from_config(engine.cfg, sp=engine.group.size, device=engine.device, kernel=kernel)
     original = engine.cache

@@ -18,11 +18,13 @@ from typing import Callable
 
 import torch
 
+from harness.candidates import Chosen
 from harness.config import HarnessConfig
 from harness.drivers.procwatch import stopped
 from harness.drivers.signals import held
 from harness.engine.groups import free_port
 from harness.errors import HarnessError, RunFailed
+from harness.hooks.spec import HookSet
 from harness.pipeline import messages as M
 from harness.workers.common import WorkerSpec, needs_world
 
@@ -150,8 +152,8 @@ class LocalLauncher(Addressing):
     cfg: HarnessConfig
     run_dir: str
     ring_spec: dict
-    candidates: tuple[str, ...] = ()
-    hooks: tuple[str, ...] = ()
+    candidates: tuple[Chosen, ...] = ()  # resolved by the driver's preflight
+    hooks: HookSet = HookSet()
     faults: dict[str, str] = field(default_factory=dict)  # "dit:1" → "die-at-chunk:3"
     procs: list[Proc] = field(default_factory=list)
 

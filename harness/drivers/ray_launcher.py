@@ -40,11 +40,13 @@ from typing import Any
 
 import msgspec
 
+from harness.candidates import Chosen
 from harness.config import HarnessConfig
 from harness.drivers.launcher import Addressing, RankFailed
 from harness.drivers.procwatch import wait_gone
 from harness.drivers.ray_actor import RankActor
 from harness.errors import HarnessError
+from harness.hooks.spec import HookSet
 from harness.pipeline import messages as M
 from harness.pipeline.channel import Listener, host_id
 from harness.workers.common import WorkerSpec, needs_world
@@ -98,8 +100,8 @@ class RayLauncher(Addressing):
     cfg: HarnessConfig
     run_dir: str
     ring_spec: dict
-    candidates: tuple[str, ...] = ()
-    hooks: tuple[str, ...] = ()
+    candidates: tuple[Chosen, ...] = ()  # resolved by the driver's preflight
+    hooks: HookSet = HookSet()
     faults: dict[str, str] = field(default_factory=dict)
     address: str | None = None  # None: RAY_ADDRESS, the latest local cluster, or a new local instance
     cpus_per_rank: float | None = None  # None: a fair share of the cluster's CPUs, at most 1

@@ -24,7 +24,7 @@ import msgspec
 import torch
 from tqdm import tqdm
 
-from harness.candidates import configure
+from harness.candidates import Chosen, chosen, configure_resolved, resolve
 from harness.config import VAE_TEMPORAL, HarnessConfig
 from harness.drivers.driver import Driver, SessionResult
 from harness.drivers.launcher import LocalLauncher, mps_running, shared_gpus, sharing_warning
@@ -37,7 +37,7 @@ from harness.drivers.signals import received as signals_received
 from harness.engine import backends
 from harness.engine.attention import check_backend
 from harness.errors import HarnessError, RunFailed
-from harness.hooks import DRIVER_REPORT, parse_hooks, trace_report
+from harness.hooks import DRIVER_REPORT, HookSet, trace_report
 from harness.hooks.telemetry import check_telemetry
 from harness.hooks.trace import write_trace
 from harness.limits import check_fits
@@ -50,11 +50,12 @@ from harness.pipeline.ring import FrameRing
 from harness.workers.encoder_worker import check_sink_spec
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServeOptions:
     out: str | None = None
     candidates: tuple[str, ...] = ()
-    hooks: tuple[str, ...] = ()
+    #: parsed once, where the command line is read (``parse_hooks``); travels whole to every rank
+    hooks: HookSet = HookSet()
     progress: bool = True
     faults: dict[str, str] = field(default_factory=dict)
     probes: bool = True  # control round trip measured once before the sessions
@@ -112,8 +113,9 @@ def ring_slot_bytes(cfg: HarnessConfig) -> int:
 def serve(cfg: HarnessConfig, opts: ServeOptions, on_session: Callable[[SessionResult], None] | None = None) -> ServeResult:
     """Refuse bad input, claim the run directory, launch and run the sessions; whatever happens,
     reap every process and write how the run ended (the steps below, in order)."""
-    cfg, opts, memory_estimate = _preflight(cfg, opts)
+    cfg, opts, picked, memory_estimate = _preflight(cfg, opts)
     run = _open_run(cfg, opts, memory_estimate)
+    run.chosen = picked
     try:  # from here every exit path (a signal during start-up included) ends in the finally below
         if opts.announce is not None:
             opts.announce(run.run_dir.resolve())
@@ -143,6 +145,7 @@ class _Run:
     error: str | None = None
     probes: dict = field(default_factory=dict)
     ring: FrameRing | None = None
+    chosen: tuple[Chosen, ...] = ()  # the candidates as preflight resolved them, for every rank
     launcher: Any = None
     events_f: Any = None
     driver: Driver | None = None
@@ -158,20 +161,22 @@ class _Run:
             self.events_f.flush()
 
 
-def _preflight(cfg: HarnessConfig, opts: ServeOptions) -> tuple[HarnessConfig, ServeOptions, int | None]:
+def _preflight(cfg: HarnessConfig, opts: ServeOptions) -> tuple[HarnessConfig, ServeOptions, tuple[Chosen, ...], int | None]:
     """Everything refused before anything is allocated or started; the configured config, the
-    options with their hooks resolved, and the memory estimate."""
+    options, the candidates resolved (once, here) and the memory estimate."""
     if opts.replicas > 1 and opts.session_runner is None:
         raise HarnessError("--replicas serves sessions from clients: it needs --listen")
     backends.check(cfg)  # e.g. --engine vllm-omni without the extra: the install command, now
     check_telemetry(cfg.runtime.telemetry_hz, cfg.runtime.device)  # no GPU, no NVML: one line, before any process
-    cfg = configure(opts.candidates, cfg)  # refuses unknown/conflicting/inapplicable ids before anything starts
+    pairs = resolve(opts.candidates, cfg)  # refuses unknown/conflicting/inapplicable ids before anything starts
+    cfg = configure_resolved(pairs, cfg)
     check_sink_spec(cfg.runtime.sink)  # a bad sink fails here, not as a dead encoder after launch
     encoder_class(cfg.runtime.encoder, cfg.runtime.container)  # likewise an unknown encoder (for its container)
     check_backend(cfg.runtime.attention, cfg.runtime.device)  # and an attention backend, not in every DiT rank
     memory_estimate = check_fits(cfg, device_memory(cfg))  # before the ring or any rank takes memory
-    hookset = parse_hooks(opts.hooks)
-    return cfg, ServeOptions(**{**opts.__dict__, "hooks": hookset.items()}), memory_estimate
+    if not isinstance(opts.hooks, HookSet):  # a caller's mistake, not the user's: strings are parsed at the command line
+        raise TypeError(f"ServeOptions.hooks must be a HookSet (parse_hooks), not {type(opts.hooks).__name__}")
+    return cfg, opts, chosen(pairs), memory_estimate
 
 
 def _open_run(cfg: HarnessConfig, opts: ServeOptions, memory_estimate: int | None) -> _Run:
@@ -179,7 +184,7 @@ def _open_run(cfg: HarnessConfig, opts: ServeOptions, memory_estimate: int | Non
     run_dir = new_run_dir(opts.out, cfg.name, opts.overwrite)
     reap_dead_rings()  # segments of runs whose whole process group was killed
     prefix = f"harness-{os.getpid()}-{secrets.token_hex(3)}"
-    man = manifest(cfg, candidates=opts.candidates, hooks=opts.hooks, placement=None, devices=None,
+    man = manifest(cfg, candidates=opts.candidates, hooks=opts.hooks.items(), placement=None, devices=None,
                    extra={"status": "running", "owner": owner_record(), "memory_estimate_bytes": memory_estimate,
                           "engine": backends.describe(cfg), "host": {"cpus": os.cpu_count(), "load_start": host_load()}})
     man["protocol"].update(opts.protocol, window=msgspec.to_builtins(window_for(cfg.video.chunks_per_session)))
@@ -198,7 +203,7 @@ def _launch_and_run(run: _Run, on_session: Callable[[SessionResult], None] | Non
         run.ring = FrameRing.create(run.prefix, cfg.runtime.ring_slots, ring_slot_bytes(cfg))
         run.man["ring"] = {"slots": cfg.runtime.ring_slots, "slot_bytes": run.ring.spec.slot_bytes}
         cfg0 = replica_config(cfg, opts.replica_gpus[0]) if opts.replica_gpus else cfg
-        run.launcher = make_launcher(opts, cfg0, str(run.run_dir), msgspec.to_builtins(run.ring.spec))
+        run.launcher = make_launcher(opts, cfg0, str(run.run_dir), msgspec.to_builtins(run.ring.spec), run.chosen)
         run.events_f = open(run.run_dir / "events.jsonl", "wb")
         run.launcher.start()
         run.driver = Driver(cfg, run.launcher, run.run_dir, on_chunk=run.on_chunk, replica=0 if opts.replicas > 1 else None)
@@ -222,7 +227,7 @@ def _launch_replicas(run: _Run, cfg0: HarnessConfig) -> None:
     for i in range(1, opts.replicas):
         run.replicas.append(launch_replica(
             i, cfg, opts.replica_gpus[i] if opts.replica_gpus else (), run.prefix, ring_slot_bytes(cfg),
-            lambda c, spec: make_launcher(opts, c, str(run.run_dir), spec),
+            lambda c, spec: make_launcher(opts, c, str(run.run_dir), spec, run.chosen),
             lambda c, launcher, i=i: Driver(c, launcher, run.run_dir, on_chunk=run.on_chunk, replica=i)))
 
 
@@ -354,14 +359,14 @@ def device_memory(cfg: HarnessConfig) -> int | None:
     return min(sizes) if sizes else None
 
 
-def make_launcher(opts: ServeOptions, cfg: HarnessConfig, run_dir: str, ring_spec: dict):
+def make_launcher(opts: ServeOptions, cfg: HarnessConfig, run_dir: str, ring_spec: dict, candidates: tuple[Chosen, ...]):
     if opts.launcher == "ray":
         # each of the replicas' placement groups takes its share of the cluster's CPUs, not all of them
-        return RayLauncher(cfg, run_dir, ring_spec, opts.candidates, opts.hooks, dict(opts.faults),
+        return RayLauncher(cfg, run_dir, ring_spec, candidates, opts.hooks, dict(opts.faults),
                            **{"share": opts.replicas, **opts.launcher_options})
     if opts.launcher != "local":
         raise HarnessError(f"unknown launcher {opts.launcher!r} (known: local, ray)")
-    return LocalLauncher(cfg, run_dir, ring_spec, opts.candidates, opts.hooks, dict(opts.faults))
+    return LocalLauncher(cfg, run_dir, ring_spec, candidates, opts.hooks, dict(opts.faults))
 
 
 def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], status: str, error: str | None,
@@ -376,11 +381,11 @@ def _finish(run_dir: Path, cfg: HarnessConfig, results: list[SessionResult], sta
     # a short session keeps the part of the window it has; a --listen client picks its own length
     window = window_for(min(cfg.video.chunks_per_session, served_chunks(events, starts) or cfg.video.chunks_per_session))
     figures = build_summary(events, starts, window=window)
-    if "trace" in opts.hooks and events:
+    if opts.hooks.trace and events:
         t = time.perf_counter_ns()
         write_trace(events, run_dir / "trace.json")
         write_json(run_dir / DRIVER_REPORT, trace_report(run_dir / "trace.json", len(events), time.perf_counter_ns() - t))
-    run = dict(status=status, error=error or None, hooks=list(opts.hooks), candidates=list(opts.candidates),
+    run = dict(status=status, error=error or None, hooks=list(opts.hooks.items()), candidates=list(opts.candidates),
                probes=probes, sessions_completed=len(results), stalls=list(stalls),
                stall_report_s=cfg.runtime.stall_report_s, protocol=opts.protocol.get("name", "timing"))
     if cfg.runtime.telemetry_hz:

@@ -1,5 +1,7 @@
 """Attention backends behind two small registries, so a candidate can switch them by name.
 
+A forward's pick of the two is one typed record, ``AttentionChoice``.
+
 * dense kernels (``DENSE``): q, k, v of shape (B, H, S, D) → (B, H, Sq, D). "sdpa" lets PyTorch
   pick; "flash", "cudnn", "efficient", "math" pin ``scaled_dot_product_attention`` to one backend
   (also spelled "sdpa-flash" etc.). A candidate may ``register_dense`` FlexAttention or an
@@ -20,6 +22,7 @@ Token-major tensors (S, H, D) are what the model and the cache hold; the dense k
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -176,6 +179,26 @@ def kv_path(name: str) -> KvPathFn:
         return KV_PATHS[name]
     except KeyError:
         raise HarnessError(f"unknown KV path {name!r} (known: {', '.join(sorted(KV_PATHS))})") from None
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    """The kernels a DiT forward runs: a KV path (``KV_PATHS``) for self-attention over the cache
+    and a dense kernel (``DENSE``). The model holds one; a runtime switch (the engine's
+    ``kv_path``/``attention``, H6b's per-step hook) installs another whole. Checked against the
+    registries when made, so an unknown name fails where it is chosen, not in a forward. The
+    functions are looked up at every forward, not kept: a hook's wrapper put into a table
+    (``hooks.registries``) must be what runs while it is on."""
+
+    kv_path: str = "gather"
+    dense: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        kv_path(self.kv_path)
+        dense(self.dense)
+
+    def kernels(self) -> tuple[KvPathFn, DenseFn]:
+        return kv_path(self.kv_path), dense(self.dense)
 
 
 def cross_attention(q: Tensor, k: Tensor, v: Tensor, *, attend: DenseFn) -> Tensor:

@@ -26,14 +26,14 @@ in fp32 for the scheduler.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
 from harness.config import ModelConfig
-from harness.engine.attention import DenseFn, KvPathFn, cross_attention, dense, kv_path
+from harness.engine.attention import AttentionChoice, DenseFn, KvPathFn, cross_attention
 from harness.engine.groups import RankGroup
 from harness.engine.kvcache import PagedKVCache, SessionKV
 from harness.engine.ulysses import gather_tokens, heads_to_seq, seq_to_heads
@@ -168,6 +168,22 @@ def sinusoidal(timesteps: list[float] | Tensor, dim: int) -> Tensor:
 
 
 # ---- per-chunk state the blocks read -------------------------------------------------------------
+class CameraModulation:
+    """The engine's seam for the per-block camera injection: ``block`` returns block i's
+    (scale, shift) in each of a chunk's forwards. This default recomputes them every forward; a
+    candidate (H2a) installs a subclass that keeps them for the chunk. ``needs_tokens`` says
+    whether a forward must compute the model-level camera MLP (an input of ``block``)."""
+
+    def needs_tokens(self, blocks: int) -> bool:
+        return True
+
+    def block(self, i: int, camera, c: Tensor | None) -> tuple[Tensor, Tensor]:
+        return camera(c)
+
+    def end_chunk(self) -> None:
+        """The chunk's last forward ran: drop whatever was kept for it."""
+
+
 @dataclass
 class ForwardContext:
     group: RankGroup
@@ -178,11 +194,11 @@ class ForwardContext:
     kv: SessionKV
     text_kv: list[tuple[Tensor, Tensor]]  # per layer, (1, H, L, D): every head on every rank
     group_blocks: int  # blocks per step of the paged KV path
-    kv_fn: KvPathFn | None = None  # resolved from the model's switches at each forward
+    kv_fn: KvPathFn | None = None  # resolved from the model's AttentionChoice at each forward
     attend: DenseFn | None = None
-    #: Per-block camera (scale, shift) of this chunk when the engine's camera cache (H2a) is on:
-    #: the first forward fills it, the other four read it. None: every forward recomputes.
-    camera: list[tuple[Tensor, Tensor]] | None = None
+    #: Where each block's camera (scale, shift) comes from in this chunk's forwards (one object
+    #: per chunk, made by ``DitEngine.camera_modulation``).
+    camera: CameraModulation = field(default_factory=CameraModulation)
 
 
 # ---- modules -------------------------------------------------------------------------------------
@@ -359,9 +375,8 @@ class WanDiT(nn.Module):
         self.time_projection = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim, dtype=dtype))
         self.blocks = nn.ModuleList([Block(m, dtype, i) for i in range(m.num_layers)])
         self.head = Head(m, dtype)
-        # Runtime switches a candidate may flip between forwards (names in attention.KV_PATHS / DENSE).
-        self.kv_path = "gather"
-        self.attention = "sdpa"
+        #: The attention kernels every forward runs; replaced whole between forwards.
+        self.attention_choice = AttentionChoice()
         #: Per block, the compiled (forward, camera) pair; None runs the blocks eagerly.
         self.compiled_blocks: tuple[tuple, ...] | None = None
 
@@ -387,16 +402,15 @@ class WanDiT(nn.Module):
     def forward(self, x_in: Tensor, t_freq: Tensor, cam: Tensor, ctx: ForwardContext) -> Tensor:
         """x_in (36, F, H, W) full chunk on every rank; t_freq (F, freq_dim) sinusoids per frame;
         cam (n_local, 384·4). Returns the velocity (16, F, H, W) in fp32, identical on every rank."""
-        ctx.kv_fn, ctx.attend = kv_path(self.kv_path), dense(self.attention)
+        ctx.kv_fn, ctx.attend = self.attention_choice.kernels()
         lay, dtype = ctx.layout, self.patch_embedding.weight.dtype
         x = self.patch_embedding(x_in.to(dtype).unsqueeze(0)).flatten(2)[0]  # (dim, N)
         x = x[:, lay.start : lay.end].t().float().contiguous()  # the residual stream is fp32 (see the top)
         e = self.time_embedding(t_freq.to(dtype))  # (F, dim)
         e0 = self.time_projection(e).float().unflatten(1, (6, self.cfg.dim))
         e = e.float()
-        cached = ctx.camera
         c = None
-        if cached is None or len(cached) < len(self.blocks):  # once the cache is full, c is not needed
+        if ctx.camera.needs_tokens(len(self.blocks)):
             c = self.patch_embedding_wancamctrl(cam)
             c = c + self.c2ws_hidden_states_layer2(F.silu(self.c2ws_hidden_states_layer1(c)))
         if hctx.ACTIVE:  # per-layer phases only when a hook consumes them
@@ -412,15 +426,7 @@ class WanDiT(nn.Module):
     def _block(self, i: int, x: Tensor, e0: Tensor, c: Tensor | None, ctx: ForwardContext) -> Tensor:
         block = self.blocks[i]
         fwd, camera = (block, block.camera) if self.compiled_blocks is None else self.compiled_blocks[i]
-        cached = ctx.camera
-        if cached is None:
-            cam = camera(c)
-        elif i < len(cached):
-            cam = cached[i]
-        else:
-            cam = camera(c)
-            cached.append(cam)
-        return fwd(x, e0, cam, ctx)
+        return fwd(x, e0, ctx.camera.block(i, camera, c), ctx)
 
     # -- compiled mode --
     def compile_blocks(self, **options) -> None:

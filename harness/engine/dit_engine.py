@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -47,10 +47,10 @@ from torch._dynamo.utils import counters, get_compilation_metrics
 
 from harness.config import LATENT_CHANNELS, HarnessConfig
 from harness.engine import camera, schedule
-from harness.engine.attention import dense, kv_path
+from harness.engine.attention import AttentionChoice
 from harness.engine.conditions import (ImageCondition, SessionConditions, image_condition, model_input, session_image,
                                        session_text_embedding)
-from harness.engine.dit import ForwardContext, RopeTables, TokenLayout, WanDiT, build_model, sinusoidal
+from harness.engine.dit import CameraModulation, ForwardContext, RopeTables, TokenLayout, WanDiT, build_model, sinusoidal
 from harness.engine.groups import RankGroup
 from harness.engine.kvcache import PagedKVCache, SessionKV
 from harness.engine.noise import SessionNoise
@@ -104,8 +104,7 @@ class DitEngine:
                 load_weights(self.model, weights_dir)
             else:
                 init_weights(self.model, seed)
-        self.kv_path = cfg.runtime.kv_path
-        self.attention = cfg.runtime.attention
+        self.attention_choice = AttentionChoice(kv_path=cfg.runtime.kv_path, dense=cfg.runtime.attention)
         #: where a new session's KV blocks go (kvcache.LAYOUTS); read when a session opens
         self.kv_layout = cfg.runtime.kv_layout
 
@@ -123,8 +122,8 @@ class DitEngine:
         self.rope = RopeTables(m.head_dim, self.grid, self.layout, self.device)
         self.t_freq = sinusoidal(self.timesteps, m.freq_dim).to(self.device)  # (phases, freq_dim)
         self.rays = camera.CameraRays(v.height, v.width, self.device)
-        #: H2a switch: evaluate the per-block camera injection in a chunk's first forward only.
-        self.camera_cache = False
+        #: Makes each chunk's ``CameraModulation`` (the seam H2a's camera cache installs into).
+        self.camera_modulation: Callable[[], CameraModulation] = CameraModulation
         self.mode = cfg.runtime.mode
         self.compile_options: dict = {}
         self._compile_base: dict[str, int] = {}
@@ -135,24 +134,30 @@ class DitEngine:
         if self.mode != "eager" and not self.meta:
             self.compile(compile_mode)
 
-    # ---- runtime switches (a candidate may flip these between chunks) ----------------------------
+    # ---- runtime switches (a candidate may flip these between forwards) --------------------------
+    @property
+    def attention_choice(self) -> AttentionChoice:
+        return self.model.attention_choice
+
+    @attention_choice.setter
+    def attention_choice(self, choice: AttentionChoice) -> None:
+        self.model.attention_choice = choice
+
     @property
     def kv_path(self) -> str:
-        return self.model.kv_path
+        return self.attention_choice.kv_path
 
     @kv_path.setter
     def kv_path(self, name: str) -> None:
-        kv_path(name)
-        self.model.kv_path = name
+        self.attention_choice = replace(self.attention_choice, kv_path=name)
 
     @property
     def attention(self) -> str:
-        return self.model.attention
+        return self.attention_choice.dense
 
     @attention.setter
     def attention(self, name: str) -> None:
-        dense(name)
-        self.model.attention = name
+        self.attention_choice = replace(self.attention_choice, dense=name)
 
     def attention_description(self) -> str:
         layout = "" if self.kv_layout == "paged" else f"{self.kv_layout}:"
@@ -259,7 +264,7 @@ class DitEngine:
         session.kv_tokens.append(self.cache.visible_tokens(session.kv))
         ctx = ForwardContext(group=self.group, layout=self.layout, grid=self.grid, rope=self.rope.for_chunk(first),
                              cache=self.cache, kv=session.kv, text_kv=session.text_kv, group_blocks=self.group_blocks,
-                             camera=[] if self.camera_cache else None)
+                             camera=self.camera_modulation())
         if self.hooks:
             self._emit("chunk_start", session=session.sid, chunk=session.chunk, kv_tokens=session.kv_tokens[-1])
 
@@ -274,7 +279,7 @@ class DitEngine:
             if i + 1 < steps:
                 x = schedule.renoise(x0, self._noise(session, i + 1), self.sigmas[i + 1])
         self._forward(session, ctx, x0, y, cam, steps)  # commit: K/V of the clean chunk
-        ctx.camera = None  # the camera cache lives for one chunk: the next one has new poses
+        ctx.camera.end_chunk()  # what it kept lives for one chunk: the next one has new poses
         self.cache.commit(session.kv)
         # only once the chunk committed: a failed chunk retries from the same place
         session.pose_state = moved

@@ -55,7 +55,7 @@ from harness.drivers.serve_run import ServeOptions, serve
 from harness.errors import EXIT_FAIL, HarnessError
 from harness.experiments.compare_report import gate_line, pct_text, summary_lines, write_outputs
 from harness.experiments.serve import protocol_for, serve_options
-from harness.hooks import parse_hooks
+from harness.hooks import HookSet, parse_hooks
 from harness.limits import MAX_JSON_BYTES, read_bounded
 from harness.measure import metrics as M
 from harness.measure import stats as S
@@ -682,7 +682,7 @@ def run_compare(
     *,
     rounds: int | None = None,
     out: Path,
-    hooks: tuple[str, ...] = (),
+    hooks: HookSet = HookSet(),
     progress: bool = False,
     log: Callable[[str], None] = print,
     until_resolved: bool = False,
@@ -743,7 +743,7 @@ def main(args) -> int:
         cfg = resolve_config(args)
         out = Path(args.out) if args.out else default_out(args.candidate or ["none"])
         res = run_compare(cfg, args.baseline, args.candidate, rounds=args.rounds, out=out,
-                          hooks=parse_hooks(args.hooks).items(), progress=not args.no_progress,
+                          hooks=parse_hooks(args.hooks), progress=not args.no_progress,
                           until_resolved=args.until_resolved, max_rounds=args.max_rounds, margin=args.margin)
     j, md = write_outputs(out, res)
     for line in summary_lines(res, with_gate=bool(args.reanalyze)):  # a live comparison printed it after round 0

@@ -31,9 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from harness.candidates.h4b_pinned_d2h import PinnedCopy
+from harness.candidates import EnginePatches
 from harness.config import load_preset, override
-from harness.engine import convert
 from harness.engine.conditions import SessionConditions
 from harness.engine.convert import to_uint8
 from harness.engine.dit_engine import DitEngine
@@ -43,6 +42,7 @@ from harness.errors import HarnessError
 from harness.experiments.vae_probe import check_condition, check_vae_layout
 from harness.measure.gates import latent_metrics, latent_passes, pixel_metrics, pixel_passes
 from harness.pipeline.ring import FrameRing
+from harness.workers.vae_worker import OutputPath
 from harness.workers.common import set_deterministic
 
 PRESET = "lingbot-480x832"
@@ -85,37 +85,36 @@ def _decoded_chunk() -> torch.Tensor:
 
 
 def check_output(reps: int = 50) -> dict:
-    from harness.engine import fused_convert  # needs Triton, which GPU machines have and the CPU install lacks
-
+    """H4a and H4b as a VAE rank applies them (``EnginePatches`` on an ``OutputPath``), against
+    the reference output path."""
     frames = _decoded_chunk()
     shape = (frames.shape[1], frames.shape[2], frames.shape[3], 3)
-    ref_u8 = convert.to_uint8(frames)
-    fused_u8 = fused_convert.to_uint8(frames)
-    edge = torch.tensor([-1.0, 1.0, 0.0, float("nan"), float("inf"), -float("inf"), 3.0, -3.0], device="cuda")
-    k = torch.arange(256, device="cuda", dtype=torch.float32)
-    edge = torch.cat([edge, (k + 0.5) / 127.5 - 1, torch.nextafter((k + 0.5) / 127.5 - 1, torch.tensor(9.0, device="cuda"))])
-    edge = torch.cat([edge, edge.new_zeros((-edge.numel()) % 3)]).view(3, 1, 1, -1)
-    out = {"shape": list(frames.shape),
-           "h4a_exact_chunk": bool(torch.equal(ref_u8, fused_u8)),
-           "h4a_exact_edges": bool(torch.equal(convert.to_uint8(edge), fused_convert.to_uint8(edge)))}
-
+    plain, patched = OutputPath(frames.device), OutputPath(frames.device)
+    patches = EnginePatches(["H4a", "H4b"])
+    patches.apply(output=patched)
     # two rings: registering one with the driver must not speed up the reference's copies
     rings = [FrameRing.create(f"harness-gpucheck-{os.getpid()}-{i}", 1, int(np.prod(shape))) for i in range(2)]
-    pinned = PinnedCopy()
     try:
+        ref_u8 = plain.convert(frames)
+        edge = torch.tensor([-1.0, 1.0, 0.0, float("nan"), float("inf"), -float("inf"), 3.0, -3.0], device="cuda")
+        k = torch.arange(256, device="cuda", dtype=torch.float32)
+        edge = torch.cat([edge, (k + 0.5) / 127.5 - 1, torch.nextafter((k + 0.5) / 127.5 - 1, torch.tensor(9.0, device="cuda"))])
+        edge = torch.cat([edge, edge.new_zeros((-edge.numel()) % 3)]).view(3, 1, 1, -1)
+        out = {"shape": list(frames.shape),
+               "h4a_exact_chunk": bool(torch.equal(ref_u8, patched.convert(frames))),
+               "h4a_exact_edges": bool(torch.equal(plain.convert(edge), patched.convert(edge)))}
         refs = [r.acquire(0, 0) for r in rings]
         pageable, registered = (r.buffer(ref, shape) for r, ref in zip(rings, refs))
-        plain = lambda u8, dst: torch.from_numpy(dst).copy_(u8)  # noqa: E731 — the reference copy_out
-        pinned(ref_u8, registered)
+        patched.copy_out(ref_u8, registered)
         out["h4b_exact"] = bool(np.array_equal(registered, ref_u8.cpu().numpy()))
         times = {}
-        for name, conv, copy, dst in (("reference", convert.to_uint8, plain, pageable),
-                                      ("h4a", fused_convert.to_uint8, plain, pageable),
-                                      ("h4b", convert.to_uint8, pinned, registered),
-                                      ("h4a+h4b", fused_convert.to_uint8, pinned, registered)):
+        for name, conv, copy, dst in (("reference", plain.convert, plain.copy_out, pageable),
+                                      ("h4a", patched.convert, plain.copy_out, pageable),
+                                      ("h4b", plain.convert, patched.copy_out, registered),
+                                      ("h4a+h4b", patched.convert, patched.copy_out, registered)):
             times[f"{name}_convert_ms"] = round(_ms(lambda: conv(frames), reps)[0], 3)
             times[f"{name}_convert_d2h_ms"] = round(_ms(lambda: copy(conv(frames), dst), reps)[0], 3)
-        out["h4b_path"] = pinned.describe()
+        out["h4b_path"] = patched.copy_out.describe()
         out["pageable_is_pinned"] = torch.from_numpy(pageable).is_pinned()
         out["times"] = times
         base = times["reference_convert_d2h_ms"]
@@ -124,7 +123,7 @@ def check_output(reps: int = 50) -> dict:
         for r, ref in zip(rings, refs):
             r.release(ref)
     finally:
-        pinned.close()
+        patches.revert()  # H4b unregisters the ring before it is unmapped
         for r in rings:
             r.close()
             r.unlink()
@@ -201,6 +200,16 @@ def _steady(times: list[float]) -> float:
     return round(statistics.median(times[5:] or times), 1)
 
 
+def _with_candidate(eng, cid: str, chunks: int) -> tuple[list[np.ndarray], list[float]]:
+    """One session with candidate ``cid`` patched in as a DiT rank patches it, reverted after."""
+    patches = EnginePatches([cid])
+    patches.apply(dit=eng)
+    try:
+        return _dit_session(eng, chunks)
+    finally:
+        patches.revert()
+
+
 #: Compiled variants ``check_dit`` can time and gate against eager: (inductor mode, extra options).
 #: "engine" is what ``--mode compiled`` runs; the others isolate one choice each.
 VARIANTS = {
@@ -220,9 +229,7 @@ def check_dit(chunks: int = 7, compile_mode: str | None = None, h2a: bool = True
     eager, t_eager = _dit_session(eng, chunks)
     out["eager_chunk_ms"] = [round(t) for t in t_eager]
     if h2a:
-        eng.camera_cache = True
-        cached, t_cached = _dit_session(eng, chunks)
-        eng.camera_cache = False
+        cached, t_cached = _with_candidate(eng, "H2a", chunks)
         out["h2a_eager"] = {"exact": all(a.tobytes() == b.tobytes() for a, b in zip(eager, cached)),
                             "chunk_ms": [round(t) for t in t_cached],
                             "steady_ratio": round(_steady(t_cached) / _steady(t_eager), 3)}
@@ -252,9 +259,7 @@ def check_dit(chunks: int = 7, compile_mode: str | None = None, h2a: bool = True
                "compiles_first_chunk": st["compiles_per_chunk"][0],
                "compiles_after_first_chunk": sum(st["compiles_per_chunk"][1:])}
         if h2a and name == variants[0]:
-            eng.camera_cache = True
-            cached_c, t_cc = _dit_session(eng, chunks)
-            eng.camera_cache = False
+            cached_c, t_cc = _with_candidate(eng, "H2a", chunks)
             rec["h2a"] = {"exact": all(a.tobytes() == b.tobytes() for a, b in zip(compiled2, cached_c)),
                           "steady_ratio": round(_steady(t_cc) / _steady(t_comp2), 3)}
         out[name] = rec

@@ -16,6 +16,7 @@ The protocol is recorded in the manifest (``protocol.name``, sessions, window) a
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -115,7 +116,7 @@ def slice_lines(summary: dict) -> list[str]:
 
 
 def serve_options(proto: MeasurementProtocol, opts: ServeOptions) -> ServeOptions:
-    return ServeOptions(**{**opts.__dict__, "protocol": msgspec.to_builtins(proto), "summary_extra": summary_extra(proto)})
+    return replace(opts, protocol=msgspec.to_builtins(proto), summary_extra=summary_extra(proto))
 
 
 def run_protocol(name: str, cfg: HarnessConfig, opts: ServeOptions, sessions: int | None = None) -> ServeResult:
@@ -165,7 +166,7 @@ def main(args) -> int:
         raise HarnessError(f"--api {api} is the network endpoint's protocol: add --listen HOST:PORT")
     cfg = resolve_config(args)
     res = run_protocol(args.protocol, cfg, ServeOptions(out=args.out, overwrite=args.overwrite, candidates=tuple(args.candidate),
-                                                        hooks=parse_hooks(args.hooks).items(), progress=not args.no_progress,
+                                                        hooks=parse_hooks(args.hooks), progress=not args.no_progress,
                                                         announce=announce, **launcher_options(args)),
                        sessions=args.sessions)
     for line in [*run_headline(res.run_dir, res.summary, with_dir=False), *protocol_lines(res.summary), next_line(res.run_dir)]:

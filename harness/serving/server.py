@@ -559,7 +559,7 @@ def listen_run(args, cfg, server: "StreamServer", protocol: dict) -> int:
                 "queue_timeout_s": server.opts.queue_timeout_s, "session_cap_s": server.opts.session_cap_s,
                 "max_peer_connections": server.opts.max_peer_connections}
     res = serve(cfg, ServeOptions(out=args.out, overwrite=getattr(args, "overwrite", False), candidates=tuple(args.candidate),
-                                  hooks=parse_hooks(args.hooks).items(), progress=False, faults=faults, probes=False,
+                                  hooks=parse_hooks(args.hooks), progress=False, faults=faults, probes=False,
                                   session_runner=server, protocol=protocol, replicas=server.opts.replicas,
                                   replica_gpus=server.opts.replica_gpus, **launcher_options(args)))
     print("\n".join(run_headline(res.run_dir, res.summary)))

@@ -23,9 +23,11 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from harness.candidates import Chosen
 from harness.config import HarnessConfig
 from harness.engine.groups import RankGroup
 from harness.hooks.active import ActiveHooks, activate
+from harness.hooks.spec import HookSet
 from harness.hooks.telemetry import Sampler, load_nvml, nvml_reader
 from harness.pipeline import messages as M
 from harness.workers.heap import flight_recorder_off
@@ -42,8 +44,8 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     dist_host: str = "127.0.0.1"  # rendezvous host: global rank 0's node (another host under Ray)
     run_dir: str = ""
     ring: dict | None = None  # FrameRing spec (VAE rank 0 and the encoder)
-    candidates: tuple[str, ...] = ()
-    hooks: tuple[str, ...] = ()
+    candidates: tuple[Chosen, ...] = ()  # resolved by the driver, in apply order
+    hooks: HookSet = HookSet()
     threads: int = 1
     deterministic: bool = False
     fault: str = ""  # test/scenario hook: "die-at-chunk:N" makes this rank exit hard mid-run
@@ -173,7 +175,7 @@ class GpuTimer:
 
 def write_hook_report(spec: WorkerSpec, hooks: ActiveHooks) -> None:
     """What this process's hooks actually did, next to the run's other files."""
-    if not spec.hooks or not spec.run_dir:
+    if not spec.hooks.any or not spec.run_dir:
         return
     path = Path(spec.run_dir) / f"hooks.{spec.role}{spec.rank}.json"
     path.write_text(json.dumps(hooks.report(), indent=1))

@@ -77,3 +77,17 @@ def test_camera_cache_sp2_exact_and_once_per_chunk(sp):
         _check(r)
     for c in range(CHUNKS):
         assert results[1]["cached"][c].tobytes() == results[0]["cached"][c].tobytes()
+
+
+def test_the_cache_is_the_candidates_own_and_installs_into_one_engine_seam():
+    from harness.candidates.h2a_camera_chunk_cache import ChunkCameraCache
+    from harness.engine.dit import CameraModulation
+
+    cfg = override(load_preset("tiny"), parallel={"sp": 1})
+    eng = DitEngine(cfg, group=RankGroup.single(), device=torch.device("cpu"), seed=3)
+    assert eng.camera_modulation is CameraModulation  # the engine's default recomputes
+    assert not hasattr(eng, "camera_cache")  # no switch of the candidate's left in the engine
+    revert = get("H2a").patch_dit(eng, "")
+    assert eng.camera_modulation is ChunkCameraCache
+    revert()
+    assert eng.camera_modulation is CameraModulation

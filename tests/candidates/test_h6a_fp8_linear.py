@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from harness.candidates import get
+from harness.candidates import get, h6a_fp8_linear
 from harness.config import load_preset, override
 from harness.engine.conditions import SessionConditions
 from harness.engine.dit_engine import DitEngine
@@ -173,4 +173,5 @@ def test_h6a_smoothed_and_mid_sets_patch_calibrate_once_and_revert():
     assert isinstance(eng.model.blocks[0].self_attn.o, nn.Linear)
     assert all(torch.equal(a, b) for a, b in zip(_latents(eng), base))
     cand.patch_dit(eng, "ffn+attn-smooth")()  # cached: no second calibration, the same modules
-    assert eng._fp8_linears[f"smooth:ffn+attn-smooth"]["blocks.0.self_attn.o"] is o
+    assert h6a_fp8_linear.QUANTISED[eng][f"smooth:ffn+attn-smooth"]["blocks.0.self_attn.o"] is o
+    assert not any(k.startswith("_fp8") for k in vars(eng))  # the candidate's state is its own

@@ -25,6 +25,7 @@ from harness.config import load_preset
 from harness.drivers.launcher import RankFailed
 from harness.drivers.procwatch import children, wait_gone, workers_of
 from harness.drivers.serve_run import ServeOptions, serve
+from harness.hooks import parse_hooks
 from harness.measure.events import BOUNDARIES, read_events, validate_events
 from harness.measure.gates import gate
 from harness.pipeline.decode import decode_ffmpeg, decode_pyav
@@ -38,7 +39,7 @@ def runs(tmp_path_factory):
         d = tmp_path_factory.mktemp(sched)
         out[sched] = serve(tiny(scheduler=sched, sessions=3), ServeOptions(out=str(d), progress=False))
     d = tmp_path_factory.mktemp("hooks")
-    out["hooks"] = serve(tiny(sessions=3), ServeOptions(out=str(d), progress=False, hooks=HOOKS))
+    out["hooks"] = serve(tiny(sessions=3), ServeOptions(out=str(d), progress=False, hooks=parse_hooks(HOOKS)))
     return out
 
 

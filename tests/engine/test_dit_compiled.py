@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from harness.candidates import EnginePatches
 from harness.config import load_preset, override
 from harness.engine.conditions import SessionConditions
 from harness.engine.dit_engine import DitEngine
@@ -41,7 +42,7 @@ def runs():
     breaks = set(counters["graph_break"])
     out = {"eager": _sessions(eager), "compiled": _sessions(compiled), "stats": compiled.compile_stats(),
            "eager_engine": eager, "new_breaks": set(counters["graph_break"]) - breaks}
-    compiled.camera_cache = True
+    EnginePatches(["H2a"]).apply(dit=compiled)
     out["compiled_h2a"] = _sessions(compiled)
     out["stats_after_h2a"] = compiled.compile_stats()
     return out

@@ -9,6 +9,7 @@ import pytest
 
 from harness.config import load_preset, override
 from harness.drivers.serve_run import ServeOptions, serve
+from harness.hooks import parse_hooks
 from harness.hooks.capture import read_index
 
 BUDGET = 3 << 20
@@ -18,7 +19,7 @@ BUDGET = 3 << 20
 def served(tmp_path_factory):
     out = tmp_path_factory.mktemp("serve-capture")
     cfg = override(load_preset("tiny"), runtime={"sessions": 2}, video={"chunks_per_session": 2})
-    return serve(cfg, ServeOptions(out=str(out), progress=False, hooks=(f"capture={BUDGET >> 20}M",)))
+    return serve(cfg, ServeOptions(out=str(out), progress=False, hooks=parse_hooks(f"capture={BUDGET >> 20}M")))
 
 
 def test_serve_capture_shares_one_budget_and_dedupes_across_processes(served):

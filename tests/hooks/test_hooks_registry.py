@@ -22,7 +22,8 @@ def test_parse_full_string():
 
 
 def test_the_hooks_option_parses_to_the_items_a_serve_takes():
-    """``--hooks`` as argparse hands it over (default "", spaces allowed) → ``ServeOptions.hooks``."""
+    """``--hooks`` as argparse hands it over (default "", spaces allowed) → the ``HookSet`` that
+    ``ServeOptions.hooks`` holds; its items are what the manifest records."""
     assert parse_hooks("").items() == ()
     assert parse_hooks(" nvtx , dispatch=full,trace ").items() == ("nvtx", "dispatch", "trace")
 
