@@ -30,7 +30,7 @@ from harness.hooks.active import ActiveHooks, activate
 from harness.hooks.spec import HookSet
 from harness.hooks.telemetry import Sampler, load_nvml, nvml_reader
 from harness.pipeline import messages as M
-from harness.workers.heap import flight_recorder_off
+from harness.workers.heap import flight_recorder_off, trim_heap
 
 Role = Literal["dit", "vae", "encoder"]
 
@@ -49,6 +49,16 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     threads: int = 1
     deterministic: bool = False
     fault: str = ""  # test/scenario hook: "die-at-chunk:N" makes this rank exit hard mid-run
+
+
+def end_session(engine, sessions: dict, session: int) -> None:
+    """A session's end on any rank: its state dropped, then the freed heap handed back
+    (``heap.trim_heap``) before the lead replies, so the driver sees the rank's heap settled."""
+    s = sessions.pop(session, None)
+    if s is not None:
+        engine.end_session(s)
+    del s  # the last reference: freed before the trim, not after it
+    trim_heap()
 
 
 def process_setup(spec: WorkerSpec) -> None:

@@ -17,9 +17,8 @@ from harness.engine.image import conditioning_image
 from harness.hooks import context as hctx
 from harness.measure.clock import now
 from harness.pipeline import messages as M
-from harness.workers.heap import trim_heap
 from harness.workers.common import (
-    GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, process_setup,
+    GpuTimer, WorkerSpec, device_name, end_session, init_groups, maybe_fault, process_setup,
     hooks_on, reported_errors, shutdown_groups, synchronize,
 )
 
@@ -70,12 +69,8 @@ def _loop(spec, conn, engine, sessions, epochs, timer, lead, cfg, device) -> Non
             image = conditioning_image(cfg, msg.image_seed, device) if msg.image_seed is not None else None
             sessions[msg.session] = engine.start_session(SessionConditions(prompt=msg.prompt, seed=msg.seed, image_condition=image))
         elif isinstance(msg, M.EndSession):
-            s = sessions.pop(msg.session, None)
             epochs.pop(msg.session, None)
-            if s is not None:
-                engine.end_session(s)
-            del s
-            trim_heap()  # before the reply: the driver sees the session ended with the lead's heap settled
+            end_session(engine, sessions, msg.session)
             if lead:
                 stats = {k: int(v) for k, v in engine.kv_stats().items() if isinstance(v, (int, np.integer))}
                 M.send(conn, M.SessionEnded(role="dit", session=msg.session, stats=stats))

@@ -19,9 +19,8 @@ from harness.hooks import context as hctx
 from harness.measure.clock import now
 from harness.pipeline import messages as M
 from harness.pipeline.ring import FrameRing, RingSpec
-from harness.workers.heap import trim_heap
 from harness.workers.common import (
-    GpuTimer, WorkerSpec, device_name, init_groups, maybe_fault, process_setup,
+    GpuTimer, WorkerSpec, device_name, end_session, init_groups, maybe_fault, process_setup,
     hooks_on, reported_errors, shutdown_groups, synchronize,
 )
 
@@ -135,11 +134,7 @@ def _loop(spec, conn, ring, engine, out, sessions, timer, lead, device) -> None:
         elif isinstance(msg, M.StartSession):
             sessions[msg.session] = engine.start_session()
         elif isinstance(msg, M.EndSession):
-            s = sessions.pop(msg.session, None)
-            if s is not None:
-                engine.end_session(s)
-            del s
-            trim_heap()  # before the reply: the driver sees the session ended with the lead's heap settled
+            end_session(engine, sessions, msg.session)
             if lead:
                 M.send(conn, M.SessionEnded(role="vae", session=msg.session,
                                             stats={"ring_free": ring.free_count() if ring else 0}))

@@ -16,7 +16,7 @@ import pytest
 from harness.config import load_preset
 from harness.drivers.procwatch import rss_bytes
 from harness.pipeline import messages as M
-from harness.workers import dit_worker, heap, vae_worker
+from harness.workers import common, dit_worker, heap, vae_worker
 
 needs_trim = pytest.mark.skipif(heap._TRIM is None, reason="no malloc_trim in this libc")
 
@@ -78,7 +78,7 @@ def _drive(role: str, monkeypatch) -> tuple[list, list, dict]:
     per-session records afterwards."""
     ours, theirs = mp.Pipe(duplex=True)
     sessions, epochs, engine, log = {}, {}, _Engine(), []
-    monkeypatch.setattr((dit_worker if role == "dit" else vae_worker), "trim_heap", lambda: log.append(("trim", len(sessions))))
+    monkeypatch.setattr(common, "trim_heap", lambda: log.append(("trim", len(sessions))))
     for i in range(3):
         M.send(ours, M.StartSession(session=i, epoch=i, seed=i, prompt="", image_seed=None))
     for i in range(3):
