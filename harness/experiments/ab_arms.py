@@ -88,6 +88,8 @@ def run(cfg: HarnessConfig, arms: dict[str, list[str]], rounds: int, chunks: int
         raise HarnessError(f"--chunks {chunks}: sessions need more than {steady} chunks for a steady chunk")
     switches = {n: engine_switches(s, cfg) for n, s in arms.items()}  # every arm refused before the engine is built
     backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
+    setting = {"preset": cfg.name, "mode": cfg.runtime.mode, "sp": 1, "layers": cfg.model.num_layers, "rounds": rounds,
+               "launches": launches, "chunks": chunks}
     runs: list[dict] = []
     for i in range(launches):
         if launches == 1:
@@ -96,13 +98,10 @@ def run(cfg: HarnessConfig, arms: dict[str, list[str]], rounds: int, chunks: int
             runs.append(run_ranks(_launch, 1, cfg, arms, switches, rounds, chunks, kernels and i == launches - 1,
                                   backend=backend, timeout_s=3600)[0])
         if on_launch is not None:
-            on_launch({"preset": cfg.name, "mode": cfg.runtime.mode, "layers": cfg.model.num_layers, "rounds": rounds,
-                       "launches": launches, "launches_done": len(runs), "chunks": chunks,
-                       "arms": {n: {"candidates": s} for n, s in arms.items()},
+            on_launch({**setting, "launches_done": len(runs), "arms": {n: {"candidates": s} for n, s in arms.items()},
                        "chunk_ms_by_launch": [r["times"] for r in runs], "complete": False})
     names = ["A", *arms]
-    out = {"preset": cfg.name, "mode": cfg.runtime.mode, "sp": 1, "layers": cfg.model.num_layers, "rounds": rounds,
-           "launches": launches, "chunks": chunks, "steady_from_chunk": steady, "order": " ".join(runs[0]["order"]),
+    out = {**setting, "steady_from_chunk": steady, "order": " ".join(runs[0]["order"]),
            "warmup_chunk_ms": runs[-1]["warm"], "compile": runs[-1]["compile"],
            "chunk_ms": {n: [s for r in runs for s in r["times"][n]] for n in names},
            "chunk_ms_by_launch": [r["times"] for r in runs], "kernels": runs[-1]["profiles"]}
