@@ -252,18 +252,15 @@ class LocalLauncher(Addressing):
         a second failure), not the cause."""
         proc.process.join(timeout=1)  # the sentinel can be ready a moment before the exit status
         code = proc.process.exitcode
-        if code is None or code == 0:
-            return False
-        try:
-            while proc.conn.poll():
-                if isinstance(M.recv(proc.conn), M.WorkerError):
-                    return False
-        except (EOFError, OSError):
-            pass
-        return True
+        return code is not None and code != 0 and _last_words(proc.conn) is None
 
     def _death(self, proc: Proc) -> RankFailed:
+        """A dead rank's error: its own WorkerError when it left one in the pipe (a rank that fails
+        reports and exits, and a write to it can break before its report is read), else how it died."""
         proc.process.join(timeout=1)
+        said = _last_words(proc.conn)
+        if said is not None:
+            return RankFailed(f"{proc.name} failed: {said.message.splitlines()[0]}")
         code = proc.process.exitcode
         how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         return RankFailed(f"{proc.name} (pid {proc.process.pid}) died: {how}")
@@ -287,6 +284,18 @@ class LocalLauncher(Addressing):
 
     def pids(self) -> list[int]:
         return [p.process.pid for p in self.procs if p.process.pid is not None]
+
+
+def _last_words(conn) -> M.WorkerError | None:
+    """The WorkerError still unread in a dead rank's pipe, if it sent one."""
+    try:
+        while conn.poll():
+            msg = M.recv(conn)
+            if isinstance(msg, M.WorkerError):
+                return msg
+    except (EOFError, OSError):
+        pass
+    return None
 
 
 def _cpu_threads(cfg: HarnessConfig) -> int:

@@ -126,3 +126,20 @@ def test_a_worker_error_with_every_rank_alive_is_reported_as_is(ranks):
     report(enc, c, "OSError: disk full\nTraceback ...")
     with pytest.raises(RankFailed, match=r"^encoder failed: OSError: disk full$"):
         launcher(d0, enc).poll(1.0)
+
+
+def test_a_write_to_a_rank_that_reported_and_died_gives_its_report(ranks):
+    # The encoder meets a full disk, reports it and exits before the driver reads the report; the
+    # driver's next EncodeChunk breaks the pipe. The error must be the report, not "exit code 1".
+    (enc, c), = (ranks("encoder", 0),)
+    report(enc, c, "OSError: [Errno 28] No space left on device\nTraceback ...")
+    die(enc, c, 1)
+    with pytest.raises(RankFailed, match=r"^encoder failed: OSError: \[Errno 28\] No space left on device$"):
+        launcher(enc).send(enc, M.Shutdown())
+
+
+def test_a_write_to_a_rank_that_died_silently_says_how_it_died(ranks):
+    (enc, c), = (ranks("encoder", 0),)
+    die(enc, c, -9)
+    with pytest.raises(RankFailed, match=r"^encoder \(pid 0\) died: killed by signal 9$"):
+        launcher(enc).send(enc, M.Shutdown())
