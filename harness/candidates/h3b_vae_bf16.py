@@ -16,6 +16,12 @@ there; fp16 RMSE 0.0010–0.0015 (PSNR 62–66 dB), max|Δ| 0.007–0.015, which
 last layers or the residual stream in fp32 (autocast-style) did not bring bf16's max|Δ| under
 0.045: its error is the 8-bit mantissa of every convolution input, not one layer's.
 
+``H3b:fp16-chunk`` and ``H3b:bf16-chunk`` add the two schedule changes that `gpu-checks
+vae-layout` found worth having on an H200 (gpu-batch14): the chunk's latent frames go through the
+decoder in one forward after the session's first (a longer time axis per convolution; the same
+sums up to rounding, at more activation memory) and cuDNN autotunes its algorithms for those
+shapes. The gate compares against production's one-frame fp32 schedule, so it sees both changes.
+
 The patch casts the decoder in place after copying its fp32 weights to the host; the revert
 loads them back, so the fp32 decode afterwards is bit-exact (tested). It applies between
 sessions (a session's causal cache keeps its dtype).
@@ -35,12 +41,16 @@ import torch
 
 from harness.candidates import Candidate
 
-#: argument → (decode dtype, TF32 switch during the decode; None leaves the process's setting)
-MODES = {"bf16": ("bfloat16", None), "fp16": ("float16", None), "tf32-off": ("float32", False)}
+#: argument → (decode dtype, TF32 switch during the decode; None leaves the process's setting,
+#: whole-chunk steps with cuDNN autotuning)
+MODES = {"bf16": ("bfloat16", None, False), "fp16": ("float16", None, False), "tf32-off": ("float32", False, False),
+         "fp16-chunk": ("float16", None, True), "bf16-chunk": ("bfloat16", None, True)}
 
 
 def _patch(engine, arg: str):
-    dtype, tf32 = MODES[arg]
+    dtype, tf32, chunk = MODES[arg]
+    if chunk:
+        return engine.decode_in(getattr(torch, dtype), tf32=tf32, frames_per_step=0, autotune=True)
     return engine.decode_in(getattr(torch, dtype), tf32=tf32)
 
 

@@ -59,6 +59,11 @@ class VaeEngine:
         #: TF32 for this engine's decodes: None leaves the process's setting, False turns it off
         #: around every decode (H3b:tf32-off), True turns it on.
         self.decode_tf32: bool | None = None
+        #: latent frames a decoder forward takes after the session's first (0: the whole chunk);
+        #: one is production's schedule, more give longer time axes per convolution (H3b:*-chunk)
+        self.frames_per_step = 1
+        #: cuDNN autotuning around each decode (None: as the process has it)
+        self.decode_autotune: bool | None = None
 
     # -- compiled decoder (H3a) -------------------------------------------------------------------
     def compile_decoder(self, **options) -> None:
@@ -86,25 +91,27 @@ class VaeEngine:
         return parameter_count(self.model)
 
     # -- decode precision (H3b) --------------------------------------------------------------------
-    def decode_in(self, dtype: torch.dtype, *, tf32: bool | None = None) -> Callable[[], None]:
-        """Decode in ``dtype`` (and with TF32 ``tf32``, None: as the process has it) from the next
-        session on; returns the revert. The decoder is cast in place (a compiled step, H3a,
+    def decode_in(self, dtype: torch.dtype, *, tf32: bool | None = None, frames_per_step: int = 1,
+                  autotune: bool | None = None) -> Callable[[], None]:
+        """Decode in ``dtype`` (with TF32 ``tf32`` and cuDNN autotuning ``autotune``, None: as the
+        process has them; ``frames_per_step`` latent frames a forward, 0 the whole chunk) from the
+        next session on; returns the revert. The decoder is cast in place (a compiled step, H3a,
         recompiles for the new dtype) after its weights are copied to the host, and the revert
         loads that copy back, so the original decode returns bit for bit. A session already open
         keeps caches of the old dtype: switch between sessions only."""
-        model, old_dtype, old_tf32 = self.model, self.dtype, self.decode_tf32
+        model, old = self.model, (self.dtype, self.decode_tf32, self.frames_per_step, self.decode_autotune)
         # parameters and buffers alike: the latent statistics are buffers outside the state dict
-        saved = {k: v.detach().to("cpu", copy=True) for k, v in _tensors(model)} if dtype != old_dtype else None
+        saved = {k: v.detach().to("cpu", copy=True) for k, v in _tensors(model)} if dtype != old[0] else None
         if saved is not None:
             model.to(dtype=dtype)
-        self.dtype, self.decode_tf32 = dtype, tf32
+        self.dtype, self.decode_tf32, self.frames_per_step, self.decode_autotune = dtype, tf32, frames_per_step, autotune
 
         def revert() -> None:
             if saved is not None:
-                model.to(dtype=old_dtype)
+                model.to(dtype=old[0])
                 for k, v in _tensors(model):
                     v.copy_(saved[k])
-            self.dtype, self.decode_tf32 = old_dtype, old_tf32
+            self.dtype, self.decode_tf32, self.frames_per_step, self.decode_autotune = old
 
         return revert
 
@@ -133,8 +140,8 @@ class VaeEngine:
             )
         strip = self.width.strip(latent) if self.group.active else latent
         strip = strip.to(device=self.device, dtype=self.dtype)[None]
-        with torch.inference_mode(), _tf32(self.decode_tf32):
-            pixels = self.model.decode(strip, session.cache, self.width)[0]
+        with torch.inference_mode(), _tf32(self.decode_tf32), _autotune(self.decode_autotune):
+            pixels = self.model.decode(strip, session.cache, self.width, frames_per_step=self.frames_per_step)[0]
             out = self.width.gather_to_root(pixels) if self.group.active else pixels
         session.chunks += 1
         session.frames += pixels.shape[1]
@@ -180,6 +187,20 @@ def _tf32(allowed: bool | None) -> Iterator[None]:
         yield
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@contextlib.contextmanager
+def _autotune(on: bool | None) -> Iterator[None]:
+    """cuDNN's autotuning (``cudnn.benchmark``) set to ``on`` for one decode, then put back."""
+    if on is None:
+        yield
+        return
+    old = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = on
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = old
 
 
 class _Untraced(WidthOps):

@@ -29,7 +29,7 @@ def category(name: str) -> str:
     return "other"
 
 
-def breakdown(rows: list[tuple[str, float, int]], top: int = 15) -> dict:
+def breakdown(rows: list[tuple[str, float, int]], top: int = 60) -> dict:
     """rows: (kernel name, total device µs, calls) → ms and share per category, top kernels."""
     total_us = sum(us for _, us, _ in rows)
     cats: dict[str, dict] = {}

@@ -42,6 +42,13 @@ def runs():
     out = {"eng": eng, "fp32": ref}
     for arg in ("bf16", "fp16", "tf32-off"):
         out[arg], out[f"{arg}.dtype"] = _patched(eng, arg)
+    steps: list[int] = []  # latent frames per decoder forward under fp16-chunk
+    hook = eng.model.decoder.register_forward_pre_hook(lambda _m, args: steps.append(args[0].shape[2]))
+    try:
+        out["fp16-chunk"], out["fp16-chunk.dtype"] = _patched(eng, "fp16-chunk")
+    finally:
+        hook.remove()
+    out["fp16-chunk.steps"] = steps
     out["after"] = _decode(eng)
     return out
 
@@ -67,6 +74,16 @@ def test_fp16_decode_passes_the_whole_pixel_gate(runs):
         assert m["rmse"] > 0  # it did run in fp16
 
 
+def test_fp16_in_whole_chunk_steps_passes_the_pixel_gate_against_the_one_frame_fp32_decode(runs):
+    # chunk 0: its first latent frame alone, then the other two at once; chunk 1: all three at once
+    assert runs["fp16-chunk.steps"] == [1, 2, 3]
+    assert runs["fp16-chunk.dtype"] == torch.float16
+    for m in _metrics(runs["fp32"], runs["fp16-chunk"]):
+        assert not pixel_passes(m), m
+        assert m["rmse"] > 0
+    assert not np.array_equal(runs["fp16-chunk"][1], runs["fp16"][1])  # the schedule did change the sums
+
+
 def test_tf32_off_is_fp32_and_bit_identical_where_there_is_no_tf32(runs):
     assert runs["tf32-off.dtype"] == torch.float32
     assert all(np.array_equal(a, b) for a, b in zip(runs["fp32"], runs["tf32-off"]))
@@ -75,6 +92,7 @@ def test_tf32_off_is_fp32_and_bit_identical_where_there_is_no_tf32(runs):
 def test_revert_restores_the_bit_exact_fp32_decode(runs):
     eng = runs["eng"]
     assert eng.dtype == torch.float32 and eng.decode_tf32 is None
+    assert eng.frames_per_step == 1 and eng.decode_autotune is None and torch.backends.cudnn.benchmark is False
     assert all(p.dtype == torch.float32 for p in eng.model.parameters())
     assert all(np.array_equal(a, b) for a, b in zip(runs["fp32"], runs["after"]))
 
