@@ -131,7 +131,7 @@ COMMANDS: dict[str, tuple[str, object, str]] = {
               "harness.experiments.serve:main"),
     "bench-engine": ("time the engine alone: DiT per chunk/forward, VAE decode, FLOPs and MFU", _bench_engine,
                      "harness.experiments.bench_engine:main"),
-    "ab-engine": ("A/B of a DiT-engine candidate (H1a, H1b, H2a) or a VAE one (H3a, H3b) inside one engine: gate, "
+    "ab-engine": ("A/B of a DiT-engine candidate (H1a–H1c, H2a, H6a–H6d) or a VAE one (H3a, H3b) inside one engine: gate, "
                   "steady-chunk ratio with a launch-level interval, verdict", _ab_engine, "harness.experiments.ab_engine:main"),
     "ab-arms": ("several DiT-engine candidates, each judged like ab-engine against one shared baseline in one engine "
                 "(SP = 1)", _ab_arms, "harness.experiments.ab_arms:main"),

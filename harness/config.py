@@ -174,6 +174,12 @@ class EngineConfig(_Section):
     #: the DiT: "reference" (harness.engine) or "vllm-omni" (vLLM-Omni's LingBot-World modules,
     #: the ``vllm`` extra; harness/engine/omni)
     backend: Literal["reference", "vllm-omni"] = "reference"
+    #: a checkpoint for the DiT: a safetensors file or a directory of them (a sharded checkpoint),
+    #: by the checkpoint's parameter names; "" = random weights from runtime.seed
+    dit_weights: str = ""
+    #: the VAE's (encoder and decoder): a safetensors file, or a directory holding one of
+    #: engine.vae.VAE_FILENAMES; "" = random weights from runtime.seed
+    vae_weights: str = ""
 
 
 class HarnessConfig(_Section):

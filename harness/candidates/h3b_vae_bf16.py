@@ -34,7 +34,7 @@ which — if its PSNR is over [0, 1] frames — is an RMSE of ≈ 0.0148 on our 
 here. ``compare`` gates the saved uint8 frames; ``ab-engine`` gates the float frames of every
 chunk pair and reports PSNR and max|Δ| beside the timings. Random weights: the verdict is
 indicative only — a trained decoder's activations (and its last layers' gain) differ; re-run
-with the checkpoint loaded (``--weights``) before trusting it.
+with the checkpoint loaded (``--vae-weights PATH``; ``--set engine.vae_weights=PATH`` for ``ab-engine``) before trusting it.
 """
 
 import torch

@@ -20,7 +20,7 @@ per engine, the max over SP ranks — not from per-call statistics.
 
 Gate: threshold (DESIGN §5). On random weights the verdict is indicative only: activation and
 weight ranges of the real checkpoint differ, so re-run the gate with the checkpoint loaded
-(``--weights``) before trusting it.
+(``--dit-weights PATH``; ``--set engine.dit_weights=PATH`` for ``ab-engine``) before trusting it.
 """
 
 import weakref

@@ -20,7 +20,7 @@ paged and window (H1c) layouts, through eviction and cancel, on any SP size; app
 sessions (it swaps the engine's cache, refused while a session is open).
 
 Gate: threshold (DESIGN §5). Random weights: attention is near-uniform, harder on FP8 than a
-trained model's — the verdict is indicative; re-run with the checkpoint (``--weights``).
+trained model's — the verdict is indicative; re-run with the checkpoint (``--dit-weights PATH``; ``--set engine.dit_weights=PATH`` for ``ab-engine``).
 """
 
 import weakref

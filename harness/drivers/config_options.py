@@ -13,6 +13,7 @@ import argparse
 from harness.candidates.explicit import refuse_rewrites
 from harness.config import HarnessConfig, apply_sets, load_config, load_preset, override
 from harness.engine import backends
+from harness.engine.checkpoint import check_checkpoints
 from harness.errors import HarnessError
 
 
@@ -38,6 +39,11 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", choices=["reference", "vllm-omni"],
                    help="the DiT: the harness's reference engine (default) or vLLM-Omni's LingBot-World modules "
                         "(needs the vllm extra; SP=1 on CPU)")
+    g.add_argument("--dit-weights", metavar="PATH",
+                   help="the DiT's checkpoint: a safetensors file or a directory of them (default: random weights from --seed)")
+    g.add_argument("--vae-weights", metavar="PATH",
+                   help="the VAE's checkpoint (encoder and decoder): a safetensors file or a directory holding one "
+                        "(default: random weights from --seed)")
     g.add_argument("--launcher", choices=["local", "ray"], default="local",
                    help="local processes, or Ray actors in a placement group (multi-node; needs harness[ray])")
     g.add_argument("--ray-address", help="Ray cluster to join (e.g. HEAD_IP:6379; default: RAY_ADDRESS, the local cluster, or a new one)")
@@ -45,7 +51,7 @@ def add_serve_options(p: argparse.ArgumentParser) -> None:
                    help="frames VAE rank 0 -> encoder: shared-memory ring on one node, socket across nodes (auto)")
     g.add_argument("--ray-cpus-per-rank", type=float, help="CPUs per rank bundle (default: a fair share, at most 1)")
     g.add_argument("--encoder", help="encoder backend (pyav, ffmpeg)")
-    g.add_argument("--sink", help="sink (file, null)")
+    g.add_argument("--sink", help="sink: file, null, stream or throttled:FPS (a file sink that accepts at most FPS frames/s)")
     g.add_argument("--ring-slots", type=int)
     g.add_argument("--dit-gpus", type=_gpu_list, help="GPU index per DiT rank, e.g. 0,1 (default: rank r on GPU r)")
     g.add_argument("--vae-gpus", type=_gpu_list, help="GPU index per VAE rank, e.g. 2,3 for separate placement")
@@ -69,7 +75,9 @@ def add_set_option(p) -> None:
 def base_config(args: argparse.Namespace) -> HarnessConfig:
     """--config or --preset (default tiny), then the --set overrides."""
     cfg = load_config(args.config) if args.config else load_preset(args.preset or "tiny")
-    return apply_sets(cfg, getattr(args, "set", None) or [])
+    cfg = apply_sets(cfg, getattr(args, "set", None) or [])
+    check_checkpoints(cfg)  # a wrong path or shape now, not as a rank's traceback after launch
+    return cfg
 
 
 def resolve_config(args: argparse.Namespace) -> HarnessConfig:
@@ -82,7 +90,8 @@ def resolve_config(args: argparse.Namespace) -> HarnessConfig:
             raise HarnessError(f"--{name.replace('_', '-')} must be ≥ 1, got {v}")
     cfg = override(
         cfg,
-        engine={"backend": getattr(args, "engine", None)},
+        engine={"backend": getattr(args, "engine", None), "dit_weights": getattr(args, "dit_weights", None),
+                "vae_weights": getattr(args, "vae_weights", None)},
         parallel={"sp": args.sp, "vae_ranks": args.vae_ranks, "dit_devices": getattr(args, "dit_gpus", None),
                   "vae_devices": getattr(args, "vae_gpus", None)},
         video={"chunks_per_session": args.chunks},
@@ -93,6 +102,7 @@ def resolve_config(args: argparse.Namespace) -> HarnessConfig:
         },
     )
     backends.check(cfg)  # e.g. the install command, before anything else happens
+    check_checkpoints(cfg)
     specs = dict.fromkeys([*getattr(args, "candidate", []), *getattr(args, "baseline", [])])  # compare names repeats itself
     refuse_rewrites(list(specs), cfg, explicit_fields(args))  # resolves every candidate against the config
     return cfg

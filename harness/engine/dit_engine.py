@@ -99,6 +99,7 @@ class DitEngine:
         self.meta = self.device.type == "meta"
 
         self.model: WanDiT = build_model(m, device=self.device, dtype=self.dtype)
+        weights_dir = weights_dir or cfg.engine.dit_weights or None
         if not self.meta:
             if weights_dir:
                 load_weights(self.model, weights_dir)

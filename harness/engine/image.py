@@ -42,9 +42,10 @@ def synthetic_image(seed: int, height: int, width: int) -> np.ndarray:
 
 
 def _encoder(cfg: HarnessConfig, device: torch.device, seed: int):
-    key = (cfg.vae, str(device), cfg.runtime.vae_dtype, seed)
+    weights = cfg.engine.vae_weights or None
+    key = (cfg.vae, str(device), cfg.runtime.vae_dtype, seed, weights)
     if key not in _ENCODERS:
-        _ENCODERS[key] = build_vae(cfg.vae, encoder=True, decoder=False, seed=seed, weights=None,
+        _ENCODERS[key] = build_vae(cfg.vae, encoder=True, decoder=False, seed=seed, weights=weights,
                                    device=device, dtype=getattr(torch, cfg.runtime.vae_dtype))
     return _ENCODERS[key]
 

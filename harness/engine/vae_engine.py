@@ -47,12 +47,12 @@ class VaeEngine:
         #: the image encoder's dtype: the config's, whatever ``decode_in`` does to the decode (H3b)
         self.encode_dtype = self.dtype
         self.seed = seed
-        self.weights_dir = weights_dir
+        self.weights_dir = weights_dir or cfg.engine.vae_weights or None
         self.latent_h, self.latent_w = cfg.video.latent_h, cfg.video.latent_w
         if self.latent_w % group.size or self.latent_w // group.size < 2:
             raise HarnessError(f"latent width {self.latent_w} cannot be split into {group.size} strips of ≥ 2 columns")
         self.width = WidthShard(group) if group.active else LOCAL
-        self.model = build_vae(cfg.vae, encoder=False, decoder=True, seed=seed, weights=weights_dir,
+        self.model = build_vae(cfg.vae, encoder=False, decoder=True, seed=seed, weights=self.weights_dir,
                                device=self.device, dtype=self.dtype)
         self._encoder: WanVAE | None = None  # built on first encode_image
         self._eager_width = self.width

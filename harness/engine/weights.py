@@ -94,7 +94,7 @@ def save_weights(model: nn.Module, directory: str | Path) -> Path:
     return path
 
 
-def _weight_files(path: Path) -> list[Path]:
+def weight_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     if not path.is_dir():
@@ -107,7 +107,7 @@ def _weight_files(path: Path) -> list[Path]:
 
 @torch.no_grad()
 def load_weights(model: nn.Module, path: str | Path) -> nn.Module:
-    files = _weight_files(Path(path))
+    files = weight_files(Path(path))
     expected = model.state_dict()
     where: dict[str, Path] = {}
     for f in files:

@@ -197,8 +197,9 @@ _TABLE: tuple[Figure, ...] = (
     Figure(name="client_seed", label="seed", unit="—", where="playout.SESSION_COLUMNS",
            formula="the session's seed (--seed + the session's index in this client run)"),
     Figure(name="client_outcome", label="outcome", unit="—", where="playout.SESSION_COLUMNS",
-           formula="how the session ended at the client: complete, cancelled, disconnected, error, busy (refused: the "
-                   "server was serving another) or closed"),
+           formula="how the session ended at the client: complete, cancelled, disconnected, error, busy (refused: "
+                   "every replica busy and the admission queue full, or no queue), queue_timeout (queued, not "
+                   "admitted within the client's start timeout) or closed"),
     Figure(name="client_chunks", label="chunks", unit="chunks", where="playout.SESSION_COLUMNS",
            formula="chunks received / chunks the session asked for"),
     Figure(name="client_frames", label="frames", unit="frames", where="playout.playout",

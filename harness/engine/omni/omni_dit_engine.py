@@ -98,7 +98,7 @@ class OmniDitEngine:
                 num_frames_per_block=v.frames_per_chunk, sliding_window_num_frames=cfg.cache.window_frames)
         compat.fix_rotary(self.model)
         try:
-            loaded = self.model.load_weights(checkpoint_tensors(cfg, seed, weights_dir))
+            loaded = self.model.load_weights(checkpoint_tensors(cfg, seed, weights_dir or cfg.engine.dit_weights or None))
         except (KeyError, ValueError, RuntimeError) as e:  # its loader's refusals: a name or shape it does not know
             raise HarnessError(f"vllm-omni transformer cannot load the weights: {e}") from None
         missing = sorted(set(dict(self.model.named_parameters())) - loaded)
