@@ -7,7 +7,7 @@ started with its own server (``--connect``: one server for every point, which th
 rate). Every point's plan is built and checked before the first one runs, so a bad value anywhere
 is refused before anything starts. The sweep writes ``sweep.json`` (one row per point),
 ``sweep.md`` (the table, figure labels from ``measure.figures``) and ``pareto.png``: goodput per
-GPU against the cost axis (TTFC P50, or the delivery interval's P99), the points no other point
+GPU (per replica when the points ran on the CPU, which holds no GPU) against the cost axis (TTFC P50, or the delivery interval's P99), the points no other point
 dominates (``measure.pareto.pareto_front``) marked and joined.
 """
 
@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import datetime as _dt
 import itertools
+import json
 import sys
 from pathlib import Path
 
@@ -47,7 +48,10 @@ class Point(msgspec.Struct, kw_only=True):
     goodput_per_min: float | None = None
     goodput_low: float | None = None
     goodput_high: float | None = None
+    goodput_per_replica: float | None = None
+    #: None on a CPU run (it holds no GPU) and with --connect (the server's GPUs are not known here)
     goodput_per_gpu: float | None = None
+    device: str | None = None
     ttfc_p50_ms: float | None = None
     interval_p99_ms: float | None = None
     stopped_early: bool = False
@@ -108,11 +112,32 @@ def fill(p: Point, run_dir: Path, summary: dict, gpus_per_replica: int) -> None:
     p.run_dir, p.status = str(run_dir), summary.get("status", "")
     p.outcomes, p.offered_per_min, p.served_per_min = ld.get("outcomes", {}), ld.get("offered_per_min"), ld.get("served_per_min")
     p.goodput_per_min, p.goodput_low, p.goodput_high = g.get("per_min"), g.get("low"), g.get("high")
-    gpus = (p.replicas or 1) * gpus_per_replica
-    p.goodput_per_gpu = None if p.goodput_per_min is None else p.goodput_per_min / gpus
+    p.device = server_device(run_dir)
+    if p.goodput_per_min is not None:
+        p.goodput_per_replica = p.goodput_per_min / (p.replicas or 1)
+        if p.device == "cuda":
+            p.goodput_per_gpu = p.goodput_per_replica / gpus_per_replica
     p.ttfc_p50_ms = ld.get("ttfc_p50_ms")
     p.interval_p99_ms = ((summary.get("boundaries") or {}).get(L.REFERENCE) or {}).get("intervals", {}).get("p99_ms")
     p.stopped_early = bool(ld.get("stopped_early"))
+
+
+def server_device(run_dir: Path) -> str | None:
+    """The device of the server a point started (its manifest's config); None with --connect."""
+    try:
+        return json.loads((run_dir / "server" / "manifest.json").read_text())["config"]["runtime"]["device"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def y_figure(points: list[Point]) -> str:
+    """Goodput per GPU when every point ran on GPUs, else per replica (a CPU replica holds no GPU)."""
+    return "sweep_goodput_per_gpu" if points and all(p.goodput_per_gpu is not None for p in points
+                                                      if p.goodput_per_min is not None) else "sweep_goodput_per_replica"
+
+
+def y_value(p: Point, figure: str) -> float | None:
+    return p.goodput_per_gpu if figure == "sweep_goodput_per_gpu" else p.goodput_per_replica
 
 
 def cost(p: Point, x_axis: str) -> float | None:
@@ -120,7 +145,8 @@ def cost(p: Point, x_axis: str) -> float | None:
 
 
 def mark_front(points: list[Point], x_axis: str) -> None:
-    front = set(pareto_front([(cost(p, x_axis), p.goodput_per_gpu) for p in points]))
+    y = y_figure(points)
+    front = set(pareto_front([(cost(p, x_axis), y_value(p, y)) for p in points]))
     for i, p in enumerate(points):
         p.pareto = i in front
 
@@ -131,7 +157,8 @@ def _f(v, fmt: str = "{:.2f}") -> str:
 
 def table_md(points: list[Point]) -> list[str]:
     heads = ["point", "rate /min", "replicas", "candidates", "size", "outcomes", label("load_offered") + " /min",
-             label("load_served") + " /min", label("load_goodput") + " /min [95 %]", label("sweep_goodput_per_gpu"),
+             label("load_served") + " /min", label("load_goodput") + " /min [95 %]", label("sweep_goodput_per_replica"),
+             label("sweep_goodput_per_gpu"),
              label("load_ttfc") + " P50", label("interval_p99") + " (delivered)", "stopped early", label("sweep_pareto")]
     rows = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for p in points:
@@ -139,7 +166,8 @@ def table_md(points: list[Point]) -> list[str]:
         rows.append("| " + " | ".join([
             p.name, f"{p.rate_per_min:g}", str(p.replicas or 1), "+".join(p.candidates) or "baseline", p.size or "preset",
             oc or p.status, _f(p.offered_per_min), _f(p.served_per_min),
-            f"{_f(p.goodput_per_min)} [{_f(p.goodput_low)}, {_f(p.goodput_high)}]", _f(p.goodput_per_gpu),
+            f"{_f(p.goodput_per_min)} [{_f(p.goodput_low)}, {_f(p.goodput_high)}]", _f(p.goodput_per_replica),
+            _f(p.goodput_per_gpu),
             _f(p.ttfc_p50_ms, "{:.0f}"), _f(p.interval_p99_ms, "{:.0f}"), "yes" if p.stopped_early else "no",
             "★" if p.pareto else ""]) + " |")
     return rows
@@ -148,20 +176,23 @@ def table_md(points: list[Point]) -> list[str]:
 def plot(points: list[Point], x_axis: str, path: Path, title: str) -> None:
     matplotlib.use("Agg", force=True)  # headless: never needs a display
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ok = [p for p in points if cost(p, x_axis) is not None and p.goodput_per_gpu is not None]
+    fig_y = y_figure(points)
+    ok = [p for p in points if cost(p, x_axis) is not None and y_value(p, fig_y) is not None]
     for p in ok:
-        scale = p.goodput_per_gpu / p.goodput_per_min if p.goodput_per_min else 1.0  # per GPU, as the point
+        y = y_value(p, fig_y)
+        scale = y / p.goodput_per_min if p.goodput_per_min else 1.0  # the interval scaled as the point
         lo, hi = (p.goodput_low or 0) * scale, (p.goodput_high or 0) * scale
-        ax.errorbar(cost(p, x_axis), p.goodput_per_gpu, yerr=[[p.goodput_per_gpu - lo], [hi - p.goodput_per_gpu]],
+        ax.errorbar(cost(p, x_axis), y, yerr=[[y - lo], [hi - y]],
                     fmt="o", color="tab:red" if p.pareto else "tab:gray", capsize=3)
-        ax.annotate(p.name, (cost(p, x_axis), p.goodput_per_gpu), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        ax.annotate(p.name, (cost(p, x_axis), y), textcoords="offset points", xytext=(5, 5), fontsize=8)
     front = sorted((p for p in ok if p.pareto), key=lambda p: cost(p, x_axis))
     if front:
-        ax.plot([cost(p, x_axis) for p in front], [p.goodput_per_gpu for p in front], "--*", color="tab:red",
+        ax.plot([cost(p, x_axis) for p in front], [y_value(p, fig_y) for p in front], "--*", color="tab:red",
                 markersize=12, label="not dominated (Pareto)")
         ax.legend(loc="best", fontsize=8)
     ax.set_xlabel(X_AXES[x_axis][1] + " — lower is better")
-    ax.set_ylabel(label("sweep_goodput_per_gpu") + " (sessions/min/GPU, 95 % CI)")
+    unit = "sessions/min/GPU" if fig_y == "sweep_goodput_per_gpu" else "sessions/min/replica"
+    ax.set_ylabel(f"{label(fig_y)} ({unit}, 95 % CI)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.margins(x=0.15, y=0.1)  # room for the points' names

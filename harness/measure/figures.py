@@ -318,11 +318,14 @@ _TABLE: tuple[Figure, ...] = (
                    "delivery intervals with a 95 % session-bootstrap interval"),
     Figure(name="slice_drifted", label="drifted", keys=("drifted",), unit="flag", where="slices.drifted",
            formula="the slice's P50 lies beyond the run's P50 interval and the slice's own interval does not reach back into it"),
+    Figure(name="sweep_goodput_per_replica", label="goodput per replica", keys=("goodput_per_replica",),
+           unit="sessions/min/replica", where="goodput.goodput", formula="a sweep point's goodput ÷ its replicas"),
     Figure(name="sweep_goodput_per_gpu", label="goodput per GPU", keys=("goodput_per_gpu",), unit="sessions/min/GPU",
-           where="goodput.goodput", formula="a sweep point's goodput ÷ (replicas × --gpus-per-replica)"),
+           where="goodput.goodput", formula="a sweep point's goodput ÷ (replicas × --gpus-per-replica), on a CUDA server; "
+                                            "none on a CPU one or with --connect"),
     Figure(name="sweep_pareto", label="Pareto", keys=("pareto",), unit="flag", where="pareto.pareto_front",
            formula="no other sweep point has both a lower-or-equal cost (TTFC P50 or interval P99) and a higher-or-equal "
-                   "goodput per GPU, one strictly"),
+                   "goodput per GPU (per replica where the points hold no GPU), one strictly"),
 )
 
 #: The validity flags of ``summary.json`` (``summary.flags_and_validity``; ``stalled`` from ``summary.run_summary``),

@@ -12,6 +12,7 @@ import pytest
 
 from harness.cli import main
 from harness.experiments import load_sessions as S
+from harness.experiments import sweep as SW
 from harness.experiments.scenario import ServerProcess
 from harness.measure.events import read_run, validate_events
 from harness.measure.goodput import OUTCOMES, LoadRecord, Slo
@@ -84,13 +85,26 @@ def test_sweep_over_two_rates_writes_the_table_and_the_pareto_plot(server, tmp_p
     assert rc == 0
     rows = json.loads((out / "sweep.json").read_text())
     assert [r["rate_per_min"] for r in rows] == [30, 120] and all(r["status"] == "complete" for r in rows)
-    assert all(r["outcomes"]["served"] == 1 and r["goodput_per_gpu"] > 0 for r in rows)
+    # a CPU server through --connect: goodput per replica; per GPU is not known (and none is held)
+    assert all(r["outcomes"]["served"] == 1 and r["goodput_per_replica"] > 0 and r["goodput_per_gpu"] is None for r in rows)
     assert any(r["pareto"] for r in rows)
     for r in rows:
         assert json.loads((out / "points" / r["name"] / "manifest.json").read_text())["status"] == "complete"
     md = (out / "sweep.md").read_text()
-    assert md.count("| 0") == 2 and "goodput per GPU" in md
+    assert md.count("| 0") == 2 and "goodput per replica" in md
     assert (out / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("device, per_gpu, axis", [("cuda", 2.5, "sweep_goodput_per_gpu"),
+                                                   ("cpu", None, "sweep_goodput_per_replica")])
+def test_goodput_per_gpu_only_where_the_server_held_gpus(tmp_path, device, per_gpu, axis):
+    run = tmp_path / "point"
+    (run / "server").mkdir(parents=True)
+    (run / "server" / "manifest.json").write_text(json.dumps({"config": {"runtime": {"device": device}}}))
+    p = SW.Point(name="p", rate_per_min=10, replicas=2, candidates=[], size=None)
+    SW.fill(p, run, {"status": "complete", "load": {"goodput": {"per_min": 10.0, "low": 8.0, "high": 11.0}}}, 2)
+    assert p.device == device and p.goodput_per_replica == 5.0 and p.goodput_per_gpu == per_gpu
+    assert SW.y_figure([p]) == axis
 
 
 # ---- how each API's session report becomes an outcome (no server needed) -------------------------
