@@ -30,7 +30,10 @@ def check_checkpoints(cfg: HarnessConfig) -> None:
     from harness.engine.weights import weight_files
 
     if rt.dit_weights:
-        files = weight_files(Path(rt.dit_weights))
+        try:
+            files = weight_files(Path(rt.dit_weights))
+        except HarnessError as e:
+            raise HarnessError(f"engine.dit_weights: {e}") from None
         expected = _shapes(build_model(cfg.model, device=torch.device("meta"), dtype=torch.bfloat16))
         _compare("DiT", rt.dit_weights, _header(files), expected)
     if rt.vae_weights:

@@ -54,8 +54,8 @@ def test_a_checkpoint_of_the_configured_model_passes(ckpt):
 
 
 @pytest.mark.parametrize("change, why", [
-    (lambda c, k: _tiny(dit_weights="/nonexistent/dit"), "weights not found: /nonexistent/dit"),
-    (lambda c, k: _tiny(vae_weights="/nonexistent/vae"), "no VAE weights at /nonexistent/vae"),
+    (lambda c, k: _tiny(dit_weights="/nonexistent/dit"), "engine.dit_weights: weights not found: /nonexistent/dit"),
+    (lambda c, k: _tiny(vae_weights="/nonexistent/vae"), "engine.vae_weights: no VAE weights at /nonexistent/vae"),
     # a deeper model than the checkpoint's: its extra block is missing
     (lambda c, k: override(_tiny(dit_weights=k[0][0]), model={"num_layers": c.model.num_layers + 1}), "are missing 'blocks."),
     # a shallower one: the checkpoint's last block is unexpected
