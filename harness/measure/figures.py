@@ -102,6 +102,15 @@ _TABLE: tuple[Figure, ...] = (
     Figure(name="warmup_excess", label="warm-up excess ms", keys=("excess_ms",), unit="ms", where="metrics.excess_over",
            formula="Σ over the first warm-up session's chunks of (stage duration − its steady P50, when positive): "
                    "the time compilation and first-touch allocation added"),
+    # ---- the setting line's two numbers (measure.setting) ---------------------------------
+    Figure(name="host_load", label="host load", unit="processes", where="setting.setting_parts",
+           formula="the host's 1-minute load average (os.getloadavg) when the run started → when it ended, beside "
+                   "its CPU count (manifest host.load_start, host.load_end, host.cpus): above the CPU count, "
+                   "every stage waits for a core"),
+    Figure(name="hook_cost_in_run", label="ms in-run", unit="ms", where="setting.hook_cost_ms",
+           formula="per hook, the time its own code took inside the timed work (overhead_ms.<hook>_in_run of every "
+                   "process's hooks.<process>.json, summed over processes); what the hook cannot time itself "
+                   "(e.g. a profiler's kernel slow-down) is not in it"),
     # ---- handoff ------------------------------------------------------------------------
     Figure(name="handoff_p50", label="handoff cpu_ready(i−1) → dit_start(i) P50 ms", keys=("p50_ms",), unit="ms",
            where="metrics.handoffs",
