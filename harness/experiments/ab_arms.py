@@ -30,7 +30,6 @@ from typing import Callable
 
 import torch
 
-from harness import candidates as C
 from harness.config import HarnessConfig, override
 from harness.drivers.config_options import base_config
 from harness.engine.attention import check_backend
@@ -45,8 +44,8 @@ from harness.experiments.bench_engine import (
     warmup_chunks,
     write_result,
 )
-from harness.experiments.compare import gate_kind
-from harness.experiments.ab_engine import EngineArm, engine_switches, judge_gated, latent_bytes, ratio_columns, session_actions
+from harness.experiments.ab_engine import (BASELINE, ArmPlan, EngineArm, judge_gated, latent_bytes, plan_arm, ratio_columns,
+                                           session_actions)
 from harness.experiments.kernel_profile import ProfileChunk
 from harness.measure import stats as S
 from harness.measure.kernels import render
@@ -86,16 +85,16 @@ def run(cfg: HarnessConfig, arms: dict[str, list[str]], rounds: int, chunks: int
     steady = steady_chunk_index(cfg)
     if chunks <= steady:
         raise HarnessError(f"--chunks {chunks}: sessions need more than {steady} chunks for a steady chunk")
-    switches = {n: engine_switches(s, cfg) for n, s in arms.items()}  # every arm refused before the engine is built
+    plans = {n: plan_arm(s, cfg) for n, s in arms.items()}  # every arm resolved (or refused) before the engine is built
     backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
     setting = {"preset": cfg.name, "mode": cfg.runtime.mode, "sp": 1, "layers": cfg.model.num_layers, "rounds": rounds,
                "launches": launches, "chunks": chunks}
     runs: list[dict] = []
     for i in range(launches):
         if launches == 1:
-            runs.append(_launch(RankGroup.single(), cfg, arms, switches, rounds, chunks, kernels))
+            runs.append(_launch(RankGroup.single(), cfg, plans, rounds, chunks, kernels))
         else:
-            runs.append(run_ranks(_launch, 1, cfg, arms, switches, rounds, chunks, kernels and i == launches - 1,
+            runs.append(run_ranks(_launch, 1, cfg, plans, rounds, chunks, kernels and i == launches - 1,
                                   backend=backend, timeout_s=3600)[0])
         if on_launch is not None:
             on_launch({**setting, "launches_done": len(runs), "arms": {n: {"candidates": s} for n, s in arms.items()},
@@ -106,17 +105,17 @@ def run(cfg: HarnessConfig, arms: dict[str, list[str]], rounds: int, chunks: int
            "chunk_ms": {n: [s for r in runs for s in r["times"][n]] for n in names},
            "chunk_ms_by_launch": [r["times"] for r in runs], "kernels": runs[-1]["profiles"]}
     shape = (16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)
-    out["arms"] = {name: {"candidates": specs, "switches": switches[name],
-                          **_judge_arm(cfg, specs, runs, name, steady, shape)} for name, specs in arms.items()}
+    out["arms"] = {name: {"candidates": specs, "switches": plans[name].switches,
+                          **_judge_arm(plans[name], runs, name, steady, shape)} for name, specs in arms.items()}
     return out
 
 
-def _launch(group: RankGroup, cfg: HarnessConfig, arms: dict[str, list[str]], switches: dict, rounds: int,
-            chunks: int, kernels: bool) -> dict:
+def _launch(group: RankGroup, cfg: HarnessConfig, plans: dict[str, ArmPlan], rounds: int, chunks: int,
+            kernels: bool) -> dict:
     """One launch: the engine built once, every arm warmed (compiled modes), then ``rounds`` rounds
     of one session per arm; the times, latents and (``kernels``) profiles of each arm."""
     eng, device = dit_engine_for(group, cfg)
-    state = {"A": EngineArm(eng, cfg, [], {})} | {n: EngineArm(eng, cfg, s, switches[n]) for n, s in arms.items()}
+    state = {"A": EngineArm(eng, BASELINE)} | {n: EngineArm(eng, p) for n, p in plans.items()}
     actions = session_actions(cfg)
 
     def session(name: str, seed: int, n: int, on_latent=None) -> list[float]:
@@ -155,10 +154,10 @@ def _profiler(chunks: int):
     return ProfileChunk(skip=chunks)
 
 
-def _judge_arm(cfg: HarnessConfig, specs: list[str], runs: list[dict], name: str, steady: int, shape) -> dict:
+def _judge_arm(plan: ArmPlan, runs: list[dict], name: str, steady: int, shape) -> dict:
     """``ab-engine``'s judgement of one arm against the baseline: its gate over every chunk of every
     launch, then (passed) the ratio over the launches (one launch: judged, but never a verdict)."""
-    kind = gate_kind([c.gate for c, _ in C.resolve(specs, cfg)])
+    kind = plan.gate
     lat_a = [s for r in runs for s in r["latents"]["A"]]
     lat_b = [s for r in runs for s in r["latents"][name]]
     return judge_gated(kind, lat_a, lat_b, shape, [{"A": r["times"]["A"], "B": r["times"][name]} for r in runs], steady)

@@ -50,14 +50,39 @@ from harness.measure.gates import latent_metrics, latent_passes
 ENGINE_SWITCHES = ("kv_path", "kv_layout", "attention")
 
 
-def engine_switches(specs: list[str], cfg: HarnessConfig) -> dict[str, str]:
-    """The engine switches the candidates set (``configure``); refuses candidates that change
-    anything an engine alone cannot show (VAE, output path, scheduler, other config)."""
-    resolved = C.resolve(specs, cfg)
+class ArmPlan(msgspec.Struct, frozen=True):
+    """One arm as the driver resolved it, once: what every rank applies (the ``Chosen`` records,
+    in apply order, and the runtime switches) and the gate its latents face."""
+
+    chosen: tuple[C.Chosen, ...]
+    switches: dict[str, str]
+    gate: str
+
+
+#: the baseline arm: no candidate, nothing switched (its gate is never consulted)
+BASELINE = ArmPlan(chosen=(), switches={}, gate="exact")
+
+
+def plan_arm(specs: list[str], cfg: HarnessConfig) -> ArmPlan:
+    """Resolve an arm's candidates against ``cfg`` (one line for anything refused) into what
+    travels to the ranks."""
+    return plan_resolved(specs, C.resolve(specs, cfg), cfg)
+
+
+def plan_resolved(specs: list[str], resolved: list[tuple[C.Candidate, str]], cfg: HarnessConfig) -> ArmPlan:
+    """``plan_arm`` for candidates ``candidates.resolve`` already returned (``specs``: their
+    spelling, for the refusals)."""
+    return ArmPlan(chosen=C.chosen(resolved), switches=engine_switches(specs, resolved, cfg),
+                   gate=gate_kind([c.gate for c, _ in resolved]))
+
+
+def engine_switches(specs: list[str], resolved: list[tuple[C.Candidate, str]], cfg: HarnessConfig) -> dict[str, str]:
+    """The engine switches the candidates set (their ``configure``); refuses candidates that
+    change anything an engine alone cannot show (VAE, output path, scheduler, other config)."""
     for c, _ in resolved:
         if c.patch_vae or c.patch_output:
             raise HarnessError(f"candidate {c.id} changes the {'VAE' if c.patch_vae else 'output path'}: use compare")
-    after = C.configure(specs, cfg)
+    after = C.configure_resolved(resolved, cfg)
     changed = {k for k in msgspec.structs.asdict(cfg.runtime) if getattr(cfg.runtime, k) != getattr(after.runtime, k)}
     others = [s for s in ("model", "video", "cache", "schedule", "vae", "parallel") if getattr(cfg, s) != getattr(after, s)]
     if others or changed - set(ENGINE_SWITCHES):
@@ -92,10 +117,9 @@ class EngineArm:
     back on leaving — every revert runs, also when a session or a revert fails, so the next arm
     never runs on a half-patched engine. The baseline is an arm with no candidates."""
 
-    def __init__(self, eng, cfg: HarnessConfig, specs: list[str], switches: dict[str, str]):
-        C.resolve(specs, cfg)  # refused here, before any session
-        self.eng, self.switches = eng, switches
-        self.patches = C.EnginePatches(specs)  # empty between sessions: every revert has run
+    def __init__(self, eng, plan: ArmPlan):
+        self.eng, self.switches = eng, plan.switches
+        self.patches = C.EnginePatches(plan.chosen)  # empty between sessions: every revert has run
         self.base: dict = {}
 
     def __enter__(self) -> EngineArm:
@@ -120,10 +144,9 @@ class EngineArm:
             setattr(self.eng, k, v)
 
 
-def _rank(group: RankGroup, cfg: HarnessConfig, specs: list[str], switches: dict[str, str], pairs: int,
-          chunks: int) -> dict:
+def _rank(group: RankGroup, cfg: HarnessConfig, plan: ArmPlan, pairs: int, chunks: int) -> dict:
     eng, device = dit_engine_for(group, cfg)
-    arms = {"A": EngineArm(eng, cfg, [], {}), "B": EngineArm(eng, cfg, specs, switches)}
+    arms = {"A": EngineArm(eng, BASELINE), "B": EngineArm(eng, plan)}
     actions = session_actions(cfg)
 
     def session(arm: str, seed: int, n: int) -> tuple[list[float], list[bytes]]:
@@ -194,16 +217,17 @@ def judge(launches: list[dict], steady: int, gate_passed: bool) -> dict:
 
 
 def run(cfg: HarnessConfig, specs: list[str], pairs: int, chunks: int, launches: int = DEFAULT_LAUNCHES) -> dict:
-    if vae_ab.vae_only(specs, cfg):
-        return run_vae(cfg, specs, pairs, chunks, launches)
-    switches = engine_switches(specs, cfg)  # refuses before anything starts
+    resolved = C.resolve(specs, cfg)  # the one resolution: the ranks get its records
+    if vae_ab.vae_only(resolved):
+        return run_vae(cfg, specs, resolved, pairs, chunks, launches)
+    plan = plan_resolved(specs, resolved, cfg)  # refuses before anything starts
     steady = steady_chunk_index(cfg)
     if chunks <= steady:
         raise HarnessError(f"--chunks {chunks}: sessions need more than {steady} chunks for a steady (window-saturated) chunk")
-    kind = gate_kind([c.gate for c, _ in C.resolve(specs, cfg)])
+    kind = plan.gate
     backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
     # every launch a fresh process group: new weights, new compilation, new allocator
-    res = [run_ranks(_rank, cfg.parallel.sp, cfg, specs, switches, pairs, chunks, backend=backend, timeout_s=3600)[0]
+    res = [run_ranks(_rank, cfg.parallel.sp, cfg, plan, pairs, chunks, backend=backend, timeout_s=3600)[0]
            for _ in range(launches)]
     shape = (16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)
     out = {"candidate": specs, "preset": cfg.name, "mode": cfg.runtime.mode, "sp": cfg.parallel.sp,
@@ -214,13 +238,14 @@ def run(cfg: HarnessConfig, specs: list[str], pairs: int, chunks: int, launches:
     return out
 
 
-def run_vae(cfg: HarnessConfig, specs: list[str], pairs: int, chunks: int, launches: int) -> dict:
+def run_vae(cfg: HarnessConfig, specs: list[str], resolved: list[tuple[C.Candidate, str]], pairs: int, chunks: int,
+            launches: int) -> dict:
     """A VAE candidate's A/B (``vae_ab``): decode sessions instead of DiT sessions, the pixel gate
     instead of the latent one, the same launch-level judgement."""
     if chunks <= vae_ab.STEADY:
         raise HarnessError(f"--chunks {chunks}: a decode session needs more than {vae_ab.STEADY} chunk for a steady chunk")
-    kind = gate_kind([c.gate for c, _ in C.resolve(specs, cfg)])
-    res = vae_ab.run_launches(cfg, specs, arm_order(pairs), chunks, launches)
+    kind = gate_kind([c.gate for c, _ in resolved])
+    res = vae_ab.run_launches(cfg, C.chosen(resolved), arm_order(pairs), chunks, launches)
     out = {"candidate": specs, "stage": "vae", "preset": cfg.name, "mode": cfg.runtime.mode,
            "sp": cfg.parallel.vae_ranks, "layers": cfg.model.num_layers, "pairs": pairs, "chunks": chunks,
            "order": " ".join(res[0]["order"]), "steady_from_chunk": vae_ab.STEADY,

@@ -158,7 +158,7 @@ def timed_session(eng, device: torch.device, actions: list[str], *, prompt: str,
 
 
 def _dit_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, sessions: int = 1,
-              candidates: tuple[str, ...] = (), kernels: bool = False) -> dict:
+              candidates: tuple[C.Chosen, ...] = (), kernels: bool = False) -> dict:
     """Chunk times of the first measured session; device memory and host RSS after every session
     ends (flat over many sessions means nothing leaks per session). Compiled modes first run an
     unmeasured whole session (``warmup_chunks``): compilation and CUDA-graph recording of every K length.
@@ -219,7 +219,7 @@ def timed_decode(eng: VaeEngine, latents: Iterable[torch.Tensor], keep: Callable
     return times, kept
 
 
-def _vae_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, candidates: tuple[str, ...] = ()) -> dict:
+def _vae_rank(group: RankGroup, cfg: HarnessConfig, chunks: int, candidates: tuple[C.Chosen, ...] = ()) -> dict:
     device = _device_for(cfg, group.rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -248,7 +248,7 @@ def memory_growth(samples: list[dict]) -> dict:
 
 
 def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float | None = None,
-              sessions: int = 1, candidates: tuple[str, ...] = (), kernels: bool = False, vae: bool = True,
+              sessions: int = 1, candidates: tuple[C.Chosen, ...] = (), kernels: bool = False, vae: bool = True,
               save=None) -> dict:
     """``cfg`` already carries the candidates' configuration part (``candidates.configure``).
 
@@ -263,7 +263,7 @@ def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float 
         "complete": False, "steps_done": [],
         "preset": cfg.name, "device": cfg.runtime.device, "sp": cfg.parallel.sp, "vae_ranks": cfg.parallel.vae_ranks,
         "mode": cfg.runtime.mode, "layers": cfg.model.num_layers, "sessions": sessions, "dtype": cfg.runtime.dtype,
-        "kv_path": cfg.runtime.kv_path, "candidates": list(candidates),
+        "kv_path": cfg.runtime.kv_path, "candidates": [str(c) for c in candidates],
     }
 
     def done(step: str, **figures) -> None:
@@ -349,8 +349,8 @@ def _print(res: dict) -> None:
 def main(args) -> int:
     cfg = override(base_config(args), parallel={"sp": args.sp, "vae_ranks": args.vae_ranks},
                    runtime={"device": args.device, "mode": args.mode})
-    specs = tuple(args.candidate)
-    for c, _ in C.resolve(specs, cfg):  # unknown, conflicting or unavailable: refused here too
+    resolved = C.resolve(tuple(args.candidate), cfg)  # once: the ranks get its records
+    for c, _ in resolved:  # unknown, conflicting or unavailable: refused here too
         # only engine patches are applied (DiT ones in _dit_rank, VAE ones in _vae_rank): anything
         # else would be named in the result without having changed what was measured
         if c.patch_output or c.changes != "engine":
@@ -358,7 +358,7 @@ def main(args) -> int:
             raise HarnessError(f"bench-engine --candidate {c.id}: it changes {what}, which bench-engine does not apply; use compare")
         if c.patch_vae and args.no_vae:
             raise HarnessError(f"bench-engine --candidate {c.id} changes the VAE decode, which --no-vae does not run")
-    cfg = C.configure(specs, cfg)
+    cfg = C.configure_resolved(resolved, cfg)
     for name in ("chunks", "sessions"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise HarnessError(f"--{name} must be ≥ 1")
@@ -373,7 +373,8 @@ def main(args) -> int:
         raise HarnessError("--device cuda but no CUDA device is visible (use --device cpu or --flops-only)")
     check_backend(cfg.runtime.attention, cfg.runtime.device)  # also one set with --set, not by a candidate
     save = (lambda res: write_result(args.json, res)) if args.json else None
-    res = run_bench(cfg, args.chunks, args.peak_tflops, args.sessions, specs, args.kernels, vae=not args.no_vae, save=save)
+    res = run_bench(cfg, args.chunks, args.peak_tflops, args.sessions, C.chosen(resolved), args.kernels, vae=not args.no_vae,
+                    save=save)
     _print(res)
     sys.stdout.flush()
     return 0

@@ -27,9 +27,9 @@ from harness.measure.gates import frame_metrics, pixel_passes, psnr_db
 STEADY = 1
 
 
-def vae_only(specs: list[str], cfg: HarnessConfig) -> bool:
-    """Whether every candidate patches the VAE and nothing else (these take this path)."""
-    resolved = C.resolve(specs, cfg)
+def vae_only(resolved: list[tuple[C.Candidate, str]]) -> bool:
+    """Whether every candidate (as ``candidates.resolve`` returned them) patches the VAE and
+    nothing else (these take this path)."""
     return bool(resolved) and all(c.patch_vae and not (c.patch_dit or c.patch_output or c.configure)
                                   for c, _ in resolved)
 
@@ -40,12 +40,12 @@ def _session(eng: VaeEngine, seed: int, chunks: int) -> tuple[list[float], list[
     return timed_decode(eng, (torch.randn(shape, generator=g) for _ in range(chunks)), lambda out: out.cpu().numpy())
 
 
-def _rank(group: RankGroup, cfg: HarnessConfig, specs: list[str], order: list[str], chunks: int) -> dict:
+def _rank(group: RankGroup, cfg: HarnessConfig, chosen: tuple[C.Chosen, ...], order: list[str], chunks: int) -> dict:
     device = _device_for(cfg, group.rank)
     eng = VaeEngine(cfg, group=group, device=device, seed=cfg.runtime.seed)
 
     def session(arm: str, seed: int) -> tuple[list[float], list[np.ndarray]]:
-        patches = C.EnginePatches(specs if arm == "B" else [])
+        patches = C.EnginePatches(chosen if arm == "B" else ())
         patches.apply(vae=eng)
         try:
             return _session(eng, seed, chunks)
@@ -78,8 +78,8 @@ def gate_frames(kind: str, a: list[list[np.ndarray]], b: list[list[np.ndarray]])
             "worst_rmse": worst_rmse, "min_psnr_db": psnr_db(worst_rmse), "worst_max_abs": worst_max}
 
 
-def run_launches(cfg: HarnessConfig, specs: list[str], order: list[str], chunks: int, launches: int) -> list[dict]:
+def run_launches(cfg: HarnessConfig, chosen: tuple[C.Chosen, ...], order: list[str], chunks: int, launches: int) -> list[dict]:
     """Each launch a fresh process group of ``vae_ranks`` ranks; rank 0's timings and frames."""
     backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
-    return [run_ranks(_rank, cfg.parallel.vae_ranks, cfg, specs, order, chunks, backend=backend, timeout_s=3600)[0]
+    return [run_ranks(_rank, cfg.parallel.vae_ranks, cfg, chosen, order, chunks, backend=backend, timeout_s=3600)[0]
             for _ in range(launches)]

@@ -11,10 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from harness.cli import main
-from harness.config import load_preset
 from harness.errors import HarnessError
 from harness.experiments import ab_arms
-from harness.experiments.ab_engine import EngineArm
+from harness.experiments.ab_engine import ArmPlan, EngineArm
 
 
 def test_parse_arms_and_refusals():
@@ -54,7 +53,7 @@ def test_refusals_are_one_line_and_build_nothing(argv, why, capsys, monkeypatch)
 
 def test_engine_arm_sets_switches_and_puts_them_back_even_on_failure():
     eng = SimpleNamespace(attention="sdpa", kv_path="gather")
-    arm = EngineArm(eng, load_preset("tiny"), [], {"attention": "math", "kv_path": "paged"})
+    arm = EngineArm(eng, ArmPlan(chosen=(), switches={"attention": "math", "kv_path": "paged"}, gate="exact"))
     with arm:
         assert (eng.attention, eng.kv_path) == ("math", "paged")
     assert (eng.attention, eng.kv_path) == ("sdpa", "gather")
