@@ -83,7 +83,7 @@ def _compare(p: argparse.ArgumentParser) -> None:
     p.add_argument("--baseline", action="append", default=[], metavar="ID", help="candidate applied to both arms (repeatable)")
     p.add_argument("--rounds", type=int, help="rounds; one serve launch per arm per round (default 3)")
     p.add_argument("--until-resolved", action="store_true", help="add A B rounds until faster, slower or equivalent "
-                   "(alpha spent over the looks: overall false faster/slower ≤ 5 %%); not with --rounds")
+                   "(alpha spent over the looks: overall false faster/slower about 5 %%); not with --rounds")
     p.add_argument("--max-rounds", type=int, help="--until-resolved: at most this many rounds (default 24: "
                    "80 %% power at a 5 %% shift under 5 %% launch noise; docs/statistics.md)")
     p.add_argument("--margin", type=float, default=0.02, help="equivalent = the whole interval within 1 ± this (default 0.02)")

@@ -658,7 +658,7 @@ def budget_line(plan: Plan) -> str:
     lv = S.spending_levels(plan.looks, plan.alpha)
     return (f"until resolved: at most {plan.max_rounds} rounds ({2 * plan.max_rounds} launches); looks after rounds "
             f"{plan.looks[0]}–{plan.looks[-1]} at nominal levels {lv[0]:.2g} … {lv[-1]:.3g} (overall false faster/slower "
-            f"≤ {plan.alpha:g}); stops at faster, slower or equivalent (within 1 ± {plan.margin:g})")
+            f"≈ {plan.alpha:g}: the boundaries are a normal statistic's, applied to t intervals); stops at faster, slower or equivalent (within 1 ± {plan.margin:g})")
 
 
 def _launch_round(cfg, out: Path, r: int, specs_by_arm, hooks, progress, proto, log) -> dict[str, RunMeta]:

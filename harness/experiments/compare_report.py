@@ -61,7 +61,7 @@ def render_md(res) -> str:
     ]
     if seq:
         lines.append(f"- sequential: looks after rounds {seq['looks'][0]}–{seq['looks'][-1]}, alpha spent O'Brien–Fleming-"
-                     f"type (overall false faster/slower ≤ {seq['alpha']:g}); {seq.get('outcome', '')}; minimum detectable "
+                     f"type (overall false faster/slower ≈ {seq['alpha']:g}); {seq.get('outcome', '')}; minimum detectable "
                      f"effect (80 % power): {pct_text(seq.get('mde_before'))} for the whole budget after round "
                      f"{seq['looks'][0]}, {pct_text(seq.get('mde_after'))} at the end")
     lines += [

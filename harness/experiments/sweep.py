@@ -29,6 +29,7 @@ from harness.drivers.rundir import command_line, new_run_dir, release_reserve, v
 from harness.errors import HarnessError
 from harness.experiments import load as L
 from harness.measure.figures import label
+from harness.measure.goodput import per_gpu, per_replica
 from harness.measure.pareto import pareto_front
 
 X_AXES = {"ttfc": ("load_ttfc", "TTFC P50 incl. queue (ms)"), "p99": ("interval_p99", "interval P99 at delivered (ms)")}
@@ -113,10 +114,8 @@ def fill(p: Point, run_dir: Path, summary: dict, gpus_per_replica: int) -> None:
     p.outcomes, p.offered_per_min, p.served_per_min = ld.get("outcomes", {}), ld.get("offered_per_min"), ld.get("served_per_min")
     p.goodput_per_min, p.goodput_low, p.goodput_high = g.get("per_min"), g.get("low"), g.get("high")
     p.device = server_device(run_dir)
-    if p.goodput_per_min is not None:
-        p.goodput_per_replica = p.goodput_per_min / (p.replicas or 1)
-        if p.device == "cuda":
-            p.goodput_per_gpu = p.goodput_per_replica / gpus_per_replica
+    p.goodput_per_replica = per_replica(p.goodput_per_min, p.replicas or 1)
+    p.goodput_per_gpu = per_gpu(p.goodput_per_min, p.replicas or 1, gpus_per_replica, p.device)
     p.ttfc_p50_ms = ld.get("ttfc_p50_ms")
     p.interval_p99_ms = ((summary.get("boundaries") or {}).get(L.REFERENCE) or {}).get("intervals", {}).get("p99_ms")
     p.stopped_early = bool(ld.get("stopped_early"))

@@ -303,7 +303,7 @@ _TABLE: tuple[Figure, ...] = (
            formula="the session's own cadence: nearest-rank median of its delivery intervals (media read, chunk 1 on)"),
     Figure(name="load_continuous", label="continuous play", keys=("continuous_ratio", "continuous_p50"), unit="%",
            where="goodput.LoadRecord",
-           formula="play time ÷ (play time + stall time) of the client's paced player (serving.client.playout) at the stream's fps"),
+           formula="play time ÷ (play time + stall time) of the client's paced player (measure.playout.playout) at the stream's fps"),
     Figure(name="load_meets_slo", label="meets SLO", keys=("meets_slo", "meeting_slo"), unit="—", where="goodput.meets",
            formula="served, TTFC incl. queue ≤ the SLO's ttfc and continuous play ≥ its play (--slo)"),
     Figure(name="load_offered", label="offered load", keys=("offered_per_min", "nominal_per_min"), unit="sessions/min",
@@ -328,9 +328,9 @@ _TABLE: tuple[Figure, ...] = (
     Figure(name="slice_drifted", label="drifted", keys=("drifted",), unit="flag", where="slices.drifted",
            formula="the slice's P50 lies beyond the run's P50 interval and the slice's own interval does not reach back into it"),
     Figure(name="sweep_goodput_per_replica", label="goodput per replica", keys=("goodput_per_replica",),
-           unit="sessions/min/replica", where="goodput.goodput", formula="a sweep point's goodput ÷ its replicas"),
+           unit="sessions/min/replica", where="goodput.per_replica", formula="a sweep point's goodput ÷ its replicas"),
     Figure(name="sweep_goodput_per_gpu", label="goodput per GPU", keys=("goodput_per_gpu",), unit="sessions/min/GPU",
-           where="goodput.goodput", formula="a sweep point's goodput ÷ (replicas × --gpus-per-replica), on a CUDA server; "
+           where="goodput.per_gpu", formula="a sweep point's goodput ÷ (replicas × --gpus-per-replica), on a CUDA server; "
                                             "none on a CPU one or with --connect"),
     Figure(name="sweep_pareto", label="Pareto", keys=("pareto",), unit="flag", where="pareto.pareto_front",
            formula="no other sweep point has both a lower-or-equal cost (TTFC P50 or interval P99) and a higher-or-equal "

@@ -123,6 +123,17 @@ def goodput(k: int, n: int, span_s: float, confidence: float = GOODPUT_CONFIDENC
     return Rate(k / n * rate, low * rate, high * rate, confidence, method)
 
 
+def per_replica(per_min: float | None, replicas: int) -> float | None:
+    """A goodput (sessions/min) shared out over the replicas that served it."""
+    return None if per_min is None else per_min / replicas
+
+
+def per_gpu(per_min: float | None, replicas: int, gpus_per_replica: int, device: str | None) -> float | None:
+    """Per GPU, only where the replicas held GPUs (``device`` "cuda"): a CPU replica holds none,
+    and a server reached with --connect (device unknown) may hold any number."""
+    return None if per_min is None or device != "cuda" else per_min / (replicas * gpus_per_replica)
+
+
 class EarlyStop(msgspec.Struct, frozen=True):
     decided: Literal["met", "missed"] | None
     target: float  # the share of sessions that must meet the SLO
