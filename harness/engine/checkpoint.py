@@ -34,53 +34,27 @@ def check_checkpoints(cfg: HarnessConfig) -> None:
             files = weight_files(Path(rt.dit_weights))
         except HarnessError as e:
             raise HarnessError(f"engine.dit_weights: {e}") from None
-        expected = _shapes(build_model(cfg.model, device=torch.device("meta"), dtype=torch.bfloat16))
-        _compare("DiT", rt.dit_weights, _header(files), expected)
+        _compare("DiT", rt.dit_weights, files, build_model(cfg.model, device=torch.device("meta"), dtype=torch.bfloat16))
     if rt.vae_weights:
         path = Path(rt.vae_weights)
         if not path.exists():
             raise HarnessError(f"engine.vae_weights: no VAE weights at {path}")
         file = find_weights(path) if path.is_dir() else path
-        expected = _shapes(build_vae(cfg.vae, encoder=True, decoder=True, device="meta"))
-        _compare("VAE", rt.vae_weights, _header([file]), expected)
+        _compare("VAE", rt.vae_weights, [file], build_vae(cfg.vae, encoder=True, decoder=True, device="meta"))
 
 
-def _shapes(model) -> dict[str, tuple[int, ...]]:
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+def _compare(what: str, where: str, files: list[Path], model) -> None:
+    """The loader's rules (``weights.key_mismatch``: every key the model has, nothing else), then
+    each key's shape, on the headers of ``files`` against ``model`` built on the meta device."""
+    from harness.engine.weights import and_more, checkpoint_index, key_mismatch  # torch with it, as above
 
-
-def _header(files: list[Path]) -> dict[str, tuple[int, ...]]:
-    """name → shape over ``files``, from their headers alone; a name in two files is refused."""
-    from safetensors import safe_open  # with torch: only once a checkpoint is named
-
-    out: dict[str, tuple[int, ...]] = {}
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt", device="cpu") as h:
-                for k in h.keys():
-                    if k in out:
-                        raise HarnessError(f"weight {k!r} appears twice in {f.parent} (again in {f.name})")
-                    out[k] = tuple(h.get_slice(k).get_shape())
-        except HarnessError:
-            raise
-        except Exception as e:  # safetensors' own error types for a truncated or corrupt header
-            raise HarnessError(f"cannot read weights file {f}: {e}") from None
-    return out
-
-
-def _compare(what: str, where: str, got: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]]) -> None:
-    missing = sorted(expected.keys() - got.keys())
-    if missing:
-        raise HarnessError(f"{what} weights in {where} are missing {missing[0]!r}{_more(missing)} for the configured model")
-    unexpected = sorted(got.keys() - expected.keys())
-    if unexpected:
-        raise HarnessError(f"{what} weights in {where} have unexpected key {unexpected[0]!r}{_more(unexpected)}")
-    wrong = sorted(k for k in expected if got[k] != expected[k])
+    index = checkpoint_index(files)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    refusal = key_mismatch(where, index, expected)
+    if refusal:
+        raise HarnessError(f"{what} {refusal}")
+    wrong = [k for k in expected if index[k][1] != expected[k]]
     if wrong:
         k = wrong[0]
-        raise HarnessError(f"{what} weights in {where}: {k!r} is {list(got[k])}, the configured model has "
-                           f"{list(expected[k])}{_more(wrong)}")
-
-
-def _more(keys: list[str]) -> str:
-    return f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
+        raise HarnessError(f"{what} weights in {where}: {k!r} is {list(index[k][1])}, the configured model has "
+                           f"{list(expected[k])}{and_more(wrong)}")

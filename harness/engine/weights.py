@@ -105,29 +105,47 @@ def weight_files(path: Path) -> list[Path]:
     return files
 
 
+def checkpoint_index(files: list[Path]) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """name → (file, shape) over a checkpoint's files, from their safetensors headers alone (no
+    tensor data); a name in two files, or a file that cannot be read, is refused."""
+    index: dict[str, tuple[Path, tuple[int, ...]]] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt", device="cpu") as h:
+                shapes = {k: tuple(h.get_slice(k).get_shape()) for k in h.keys()}
+        except Exception as e:  # safetensors' own error types for truncated/corrupt headers
+            raise HarnessError(f"cannot read weights file {f}: {e}") from None
+        for k, shape in shapes.items():
+            if k in index:
+                raise HarnessError(f"weight {k!r} appears in both {index[k][0].name} and {f.name}")
+            index[k] = (f, shape)
+    return index
+
+
+def key_mismatch(path: str | Path, names, expected) -> str | None:
+    """The refusal of a checkpoint at ``path`` whose ``names`` are not the model's ``expected``
+    ones (missing first, in the model's order, then unexpected), or None when they are the same."""
+    missing = [k for k in expected if k not in names]
+    if missing:
+        return f"weights in {path} are missing {missing[0]!r}{and_more(missing)}"
+    unexpected = [k for k in names if k not in expected]
+    if unexpected:
+        return f"weights in {path} have unexpected key {unexpected[0]!r}{and_more(unexpected)}"
+    return None
+
+
+def and_more(keys: list[str]) -> str:
+    """`` (and N more)`` after the first of ``keys`` named in a refusal."""
+    return f" (and {len(keys) - 1} more)" if len(keys) > 1 else ""
+
+
 @torch.no_grad()
 def load_weights(model: nn.Module, path: str | Path) -> nn.Module:
     files = weight_files(Path(path))
     expected = model.state_dict()
-    where: dict[str, Path] = {}
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt", device="cpu") as h:
-                keys = list(h.keys())
-        except Exception as e:  # safetensors' own error types for truncated/corrupt headers
-            raise HarnessError(f"cannot read weights file {f}: {e}") from None
-        for k in keys:
-            if k in where:
-                raise HarnessError(f"weight {k!r} appears in both {where[k].name} and {f.name}")
-            where[k] = f
-    missing = [k for k in expected if k not in where]
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise HarnessError(f"weights in {path} are missing {missing[0]!r}{more}")
-    unexpected = [k for k in where if k not in expected]
-    if unexpected:
-        more = f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1 else ""
-        raise HarnessError(f"weights in {path} have unexpected key {unexpected[0]!r}{more}")
+    refusal = key_mismatch(path, checkpoint_index(files), expected)
+    if refusal:
+        raise HarnessError(refusal)
     for f in files:
         with safe_open(str(f), framework="pt", device="cpu") as h:
             for k in h.keys():
