@@ -49,9 +49,8 @@ MODES = {"bf16": ("bfloat16", None, False), "fp16": ("float16", None, False), "t
 
 def _patch(engine, arg: str):
     dtype, tf32, chunk = MODES[arg]
-    if chunk:
-        return engine.decode_in(getattr(torch, dtype), tf32=tf32, frames_per_step=0, autotune=True)
-    return engine.decode_in(getattr(torch, dtype), tf32=tf32)
+    # whole chunks: frames_per_step 0, with autotuning; otherwise production's one frame a step
+    return engine.decode_in(getattr(torch, dtype), tf32=tf32, frames_per_step=0 if chunk else 1, autotune=True if chunk else None)
 
 
 CANDIDATE = Candidate(

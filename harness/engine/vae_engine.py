@@ -175,32 +175,30 @@ def _tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 @contextlib.contextmanager
-def _tf32(allowed: bool | None) -> Iterator[None]:
-    """cuDNN's and cuBLAS's TF32 switches set to ``allowed`` for one decode, then put back (they
-    are process-wide: a DiT in the same process must not see them changed)."""
-    if allowed is None:
+def _switched(value: bool | None, *switches: tuple[object, str]) -> Iterator[None]:
+    """Process-wide backend switches (``(module, attribute)``) set to ``value`` for one decode,
+    then put back — a DiT in the same process must not see them changed; None leaves them."""
+    if value is None:
         yield
         return
-    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = allowed
+    old = [getattr(m, a) for m, a in switches]
+    for m, a in switches:
+        setattr(m, a, value)
     try:
         yield
     finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
+        for (m, a), v in zip(switches, old):
+            setattr(m, a, v)
 
 
-@contextlib.contextmanager
-def _autotune(on: bool | None) -> Iterator[None]:
-    """cuDNN's autotuning (``cudnn.benchmark``) set to ``on`` for one decode, then put back."""
-    if on is None:
-        yield
-        return
-    old = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = on
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.benchmark = old
+def _tf32(allowed: bool | None):
+    """cuDNN's and cuBLAS's TF32 switches."""
+    return _switched(allowed, (torch.backends.cudnn, "allow_tf32"), (torch.backends.cuda.matmul, "allow_tf32"))
+
+
+def _autotune(on: bool | None):
+    """cuDNN's autotuning (``cudnn.benchmark``)."""
+    return _switched(on, (torch.backends.cudnn, "benchmark"))
 
 
 class _Untraced(WidthOps):
