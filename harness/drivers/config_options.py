@@ -73,17 +73,21 @@ def add_set_option(p) -> None:
 
 
 def base_config(args: argparse.Namespace) -> HarnessConfig:
-    """--config or --preset (default tiny), then the --set overrides."""
-    cfg = load_config(args.config) if args.config else load_preset(args.preset or "tiny")
-    cfg = apply_sets(cfg, getattr(args, "set", None) or [])
+    """--config or --preset (default tiny), then the --set overrides; a named checkpoint checked."""
+    cfg = _preset_and_sets(args)
     check_checkpoints(cfg)  # a wrong path or shape now, not as a rank's traceback after launch
     return cfg
 
 
+def _preset_and_sets(args: argparse.Namespace) -> HarnessConfig:
+    cfg = load_config(args.config) if args.config else load_preset(args.preset or "tiny")
+    return apply_sets(cfg, getattr(args, "set", None) or [])
+
+
 def resolve_config(args: argparse.Namespace) -> HarnessConfig:
-    """The serve options' config: ``base_config``, the flags, the backend's install check and every
+    """The serve options' config: ``base_config``'s preset and --set, the flags, the backend's install check and every
     candidate (``--candidate`` and ``--baseline``) resolved against it; a refusal is a HarnessError."""
-    cfg = base_config(args)
+    cfg = _preset_and_sets(args)  # its checkpoints are checked once, with the flags' below
     for name in ("sessions", "chunks", "sp", "vae_ranks", "ring_slots"):
         v = getattr(args, name, None)
         if v is not None and v < 1:
@@ -102,7 +106,7 @@ def resolve_config(args: argparse.Namespace) -> HarnessConfig:
         },
     )
     backends.check(cfg)  # e.g. the install command, before anything else happens
-    check_checkpoints(cfg)
+    check_checkpoints(cfg)  # --set's and the flags' together
     specs = dict.fromkeys([*getattr(args, "candidate", []), *getattr(args, "baseline", [])])  # compare names repeats itself
     refuse_rewrites(list(specs), cfg, explicit_fields(args))  # resolves every candidate against the config
     return cfg
