@@ -28,7 +28,7 @@ import msgspec
 from harness.drivers.rundir import command_line, new_run_dir, release_reserve, versions, write_json
 from harness.errors import HarnessError
 from harness.experiments import load as L
-from harness.measure.figures import label
+from harness.measure.figures import define, label
 from harness.measure.goodput import per_gpu, per_replica
 from harness.measure.pareto import pareto_front
 
@@ -190,8 +190,7 @@ def plot(points: list[Point], x_axis: str, path: Path, title: str) -> None:
                 markersize=12, label="not dominated (Pareto)")
         ax.legend(loc="best", fontsize=8)
     ax.set_xlabel(X_AXES[x_axis][1] + " — lower is better")
-    unit = "sessions/min/GPU" if fig_y == "sweep_goodput_per_gpu" else "sessions/min/replica"
-    ax.set_ylabel(f"{label(fig_y)} ({unit}, 95 % CI)")
+    ax.set_ylabel(f"{label(fig_y)} ({define(fig_y).unit}, 95 % CI)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.margins(x=0.15, y=0.1)  # room for the points' names
