@@ -33,7 +33,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torc
 step() { local name=$1; shift; echo "=== $name: $*"; local t0=$SECONDS; timeout "${STEP_TIMEOUT:-420}" "$@" > "$SCRATCH/$name.log" 2>&1; echo "rc=$? ${name} $((SECONDS-t0))s" | tee -a "$SCRATCH/steps.txt"; tail -n 12 "$SCRATCH/$name.log"; }
 need() { for v in "$@"; do [ -n "${!v:-}" ] || { echo "step $s needs $v: skipped" | tee -a "$SCRATCH/steps.txt"; return 1; }; done; }
 telemetry_pairs() {
-  local cand=${CAND:+$(tr '+' '\n' <<< "$CAND" | sed 's/^/--candidate /')} tag=${CAND:+-${CAND//[:+]/_}} r dirs=()
+  local cand=${CAND:+$(sed 's/+\(H[0-9]\)/\n\1/g' <<< "$CAND" | sed 's/^/--candidate /')} tag=${CAND:+-${CAND//[:+]/_}} r dirs=()
   for r in $(seq 1 "${TEL_ROUNDS:-2}"); do
     for arm in off on; do
       local d="$SCRATCH/telemetry-$RES-$M$tag-$arm-$r"; dirs+=("$d")
@@ -111,7 +111,7 @@ for s in $STEPS; do
                 --backends "${REPLAY_BACKENDS:-sdpa-cudnn,fa3,fa3-fp8,fa3-fp8-smooth,emu-fp8-v,emu-fp8-qk,emu-fp8-p,emu-fp8-qkvp,emu-fp8-v-smooth,emu-fp8-qkvp-smooth}" \
                 --repeats 10 --warmup 2 --out "$SCRATCH/replay-fa3" ;;
     benchcand) need CAND && step bench-$RES-sp1-compiled-${CAND//[:+]/_} $H bench-engine --preset lingbot-$RES --device cuda --mode "${MODE:-compiled}" \
-                $(tr '+' '\n' <<< "$CAND" | sed 's/^/--candidate /') --no-vae --kernels --json "$SCRATCH/bench-$RES-sp1-compiled-${CAND//[:+]/_}.json" ;;
+                $(sed 's/+\(H[0-9]\)/\n\1/g' <<< "$CAND" | sed 's/^/--candidate /') --no-vae --kernels --json "$SCRATCH/bench-$RES-sp1-compiled-${CAND//[:+]/_}.json" ;;
     # production's realtime API both ways: serve --listen --api vllm-omni measured by client --api vllm-omni;
     # the two run directories' steady interval P50 at delivered, side by side (SESSIONS: the server's, warm-up included)
     omni)     omni_pair ;;

@@ -89,6 +89,18 @@ def split_id(spec: str) -> tuple[str, str]:
     return cid.strip(), arg.strip()
 
 
+def split_joined(text: str) -> list[str]:
+    """``"H6a:ffn+o+H1b:fa3"`` → ``["H6a:ffn+o", "H1b:fa3"]``: a '+'-joined candidate list, where a
+    '+' starts a new candidate only before a known id (arguments such as ``ffn+o`` hold '+' too)."""
+    specs: list[str] = []
+    for piece in (p.strip() for p in text.split("+")):
+        if specs and split_id(piece)[0] not in MODULES:
+            specs[-1] += "+" + piece
+        elif piece:
+            specs.append(piece)
+    return specs
+
+
 def get(cid: str) -> Candidate:
     if cid not in MODULES:
         raise HarnessError(f"unknown candidate {cid!r} (known: {', '.join(MODULES)})")

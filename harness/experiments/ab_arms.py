@@ -30,6 +30,7 @@ from typing import Callable
 
 import torch
 
+from harness import candidates as C
 from harness.config import HarnessConfig, override
 from harness.drivers.config_options import base_config
 from harness.engine.attention import check_backend
@@ -57,7 +58,7 @@ def parse_arms(texts: list[str]) -> dict[str, list[str]]:
     arms: dict[str, list[str]] = {}
     for t in texts:
         name, sep, spec = t.partition("=")
-        name, specs = name.strip(), [s.strip() for s in spec.split("+") if s.strip()]
+        name, specs = name.strip(), C.split_joined(spec)
         if not sep or not name or not specs:
             raise HarnessError(f"--arm {t!r}: expected NAME=ID[+ID…], e.g. fa3=H1b:fa3")
         if name == "A" or name in arms:

@@ -18,6 +18,9 @@ from harness.experiments.ab_engine import ArmPlan, EngineArm
 
 def test_parse_arms_and_refusals():
     assert ab_arms.parse_arms(["fa3=H1b:fa3", "both=H6a+H1b:fa3"]) == {"fa3": ["H1b:fa3"], "both": ["H6a", "H1b:fa3"]}
+    # a '+' inside an argument (H6a's layer sets ffn+o, ffn+attn-smooth) does not start a candidate
+    assert ab_arms.parse_arms(["o=H6a:ffn+o+H1b:fa3", "s=H1c+H6a:ffn+attn-smooth"]) == {
+        "o": ["H6a:ffn+o", "H1b:fa3"], "s": ["H1c", "H6a:ffn+attn-smooth"]}
     for bad in (["H6a"], ["=H6a"], ["x="], ["A=H6a"], ["x=H6a", "x=H1a"], []):
         with pytest.raises(HarnessError):
             ab_arms.parse_arms(bad)
