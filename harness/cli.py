@@ -111,7 +111,7 @@ def _scenario(p: argparse.ArgumentParser) -> None:
 
 
 def _gpu_checks(p: argparse.ArgumentParser) -> None:
-    p.add_argument("check", choices=["output", "vae", "vae-layout", "condition", "dit", "determinism", "colocate", "dit-run"])
+    p.add_argument("check", choices=["output", "vae", "vae-layout", "condition", "ffn-epilogue", "dit", "determinism", "colocate", "dit-run"])
     p.add_argument("--json", help="also write the report here")
     p.add_argument("--chunks", type=int)
     p.add_argument("--compile-mode", help="inductor mode for the compiled DiT/VAE (default: the engine's)")
@@ -131,7 +131,7 @@ COMMANDS: dict[str, tuple[str, object, str]] = {
               "harness.experiments.serve:main"),
     "bench-engine": ("time the engine alone: DiT per chunk/forward, VAE decode, FLOPs and MFU", _bench_engine,
                      "harness.experiments.bench_engine:main"),
-    "ab-engine": ("A/B of a DiT-engine candidate (H1a–H1c, H2a, H6a–H6d) or a VAE one (H3a, H3b) inside one engine: gate, "
+    "ab-engine": ("A/B of a DiT-engine candidate (H1a–H1c, H2a, H6a–H6e) or a VAE one (H3a, H3b) inside one engine: gate, "
                   "steady-chunk ratio with a launch-level interval, verdict", _ab_engine, "harness.experiments.ab_engine:main"),
     "ab-arms": ("several DiT-engine candidates, each judged like ab-engine against one shared baseline in one engine "
                 "(SP = 1)", _ab_arms, "harness.experiments.ab_arms:main"),

@@ -37,6 +37,7 @@ MODULES: dict[str, str] = {
     "H6b": "h6b_fp8_attention",
     "H6c": "h6c_fp8_both",
     "H6d": "h6d_kv_fp8",
+    "H6e": "h6e_fp8_ffn_fused",
 }
 
 

@@ -4,6 +4,7 @@
     python -m harness gpu-checks vae     [--json F]   # H3a: compiled vs eager decode
     python -m harness gpu-checks vae-layout [--json F] # cuDNN autotuning, whole-chunk steps, NDHWC, bf16
     python -m harness gpu-checks condition [--json F]  # the image condition's encoder passes per chunk
+    python -m harness gpu-checks ffn-epilogue [--json F] # H6e's fused FFN-up epilogue vs torch.compile's
     python -m harness gpu-checks dit     [--json F] [--chunks 7] [--compile-mode M]
                                                                   # compiled vs eager DiT (+ H2a)
     python -m harness gpu-checks determinism [--json F] [--chunks 3]
@@ -394,6 +395,10 @@ def main(a) -> int:
         report = check_vae(a.chunks or 6, a.compile_mode or "default")
     elif a.check == "vae-layout":
         report = check_vae_layout(a.chunks or 6)
+    elif a.check == "ffn-epilogue":
+        from harness.experiments.epilogue_probe import check_ffn_epilogue
+
+        report = check_ffn_epilogue()
     elif a.check == "condition":
         report = check_condition(a.chunks or 12)
     elif a.check == "dit":

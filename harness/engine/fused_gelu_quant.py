@@ -1,0 +1,83 @@
+"""FFN-up's epilogue in one Triton pass: bias add, tanh-GELU and the per-row e4m3 quantisation
+that FFN-down's FP8 GEMM reads, from FFN-up's bf16 output.
+
+Under ``torch.compile`` the same three steps become one reduction kernel, but the row (the FFN
+width, 13 824 at full size) is too long for Inductor's persistent reductions: its looped kernel
+reads the row twice (once for the amax, once to quantise) and computes the GELU twice, and ran
+at ≈ 0.29 ms a call at 480×832 (58.8 ms a chunk, gpu-batch16) against a ≈ 0.05 ms memory floor.
+Here one program holds one whole row in registers: one read, one amax, one write.
+
+Per element it does what ``fp8_ffn.bias_gelu_quantize_reference`` (H6a's eager order) does,
+rounding where it rounds (to nearest, ties to even): ``v = bf16(u + b)``, ``g = bf16(gelu_tanh(v))``
+(computed in float32), ``s = max(amax|g|, MIN_AMAX) / 448`` and ``q = e4m3(clamp(g / s))`` with
+IEEE divisions. Its GELU is ``v·sigmoid(2z)`` with its own ``exp``, not PyTorch's tanh, so a ``g``
+within float32 rounding of a bf16 rounding boundary can land one bf16 step away: rare, and one
+e4m3 step at most in ``q`` (the tests count them).
+
+Needs Triton (and a CUDA device, or the interpreter on CPU tensors); importing this module
+without Triton raises ImportError, which is why only ``fp8_ffn``'s CUDA kernel imports it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from harness.engine.fa3 import FP8, FP8_MAX, MIN_AMAX
+
+_SQRT_2_OVER_PI = 0.7978845608028654
+
+
+@triton.jit
+def _round_mantissa(x, BITS: tl.constexpr):
+    """float32 → the nearest float32 with BITS mantissa bits (ties to even), in integer arithmetic:
+    the interpreter's float32 → bf16 and → e4m3 casts do not round as the GPU's do."""
+    bits = x.to(tl.uint32, bitcast=True)
+    drop: tl.constexpr = 23 - BITS
+    bits = ((bits + ((1 << (drop - 1)) - 1) + ((bits >> drop) & 1)) >> drop) << drop
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _round_e4m3(x):
+    """|x| ≤ 448 → the nearest e4m3fn value (ties to even), still float32, so that the cast after it
+    is exact: 3 mantissa bits down to 2⁻⁶, then the subnormals' fixed 2⁻⁹ step (an IEEE add of
+    1.5·2¹⁴, where float32's step is 2⁻⁹, and its subtraction)."""
+    sub = (x + 24576.0) - 24576.0
+    return tl.where(tl.abs(x) < 0.015625, sub, _round_mantissa(x, 3))
+
+
+@triton.jit
+def _bias_gelu_quant_kernel(u_ptr, b_ptr, q_ptr, s_ptr, n_cols, u_stride, q_stride,
+                            BLOCK: tl.constexpr, FMAX: tl.constexpr, AMIN: tl.constexpr, C: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = cols < n_cols
+    u = tl.load(u_ptr + row * u_stride + cols, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    v = _round_mantissa(u + b, 7)  # bf16(u + b)
+    # 0.5·v·(1 + tanh(z)) = v·sigmoid(2z): no cancellation where tanh(z) → −1 (v ≪ 0)
+    z = C * (v + 0.044715 * (v * v * v))
+    g = _round_mantissa(tl.math.div_rn(v, 1.0 + tl.exp(-2.0 * z)), 7)
+    g = tl.where(m, g, 0.0)
+    s = tl.maximum(tl.max(tl.abs(g), axis=0), AMIN) / FMAX
+    q = _round_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(g, s), -FMAX), FMAX))
+    tl.store(q_ptr + row * q_stride + cols, q.to(tl.float8e4nv), mask=m)
+    tl.store(s_ptr + row, s)
+
+
+def bias_gelu_quantize(u: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(M, N) bf16 FFN-up output and its (N,) bias → e4m3 (M, N) and the per-row fp32 scale (M, 1)."""
+    if u.dim() != 2 or bias.shape != (u.shape[1],):
+        raise ValueError(f"expected (M, N) and (N,), got {tuple(u.shape)} and {tuple(bias.shape)}")
+    u = u if u.stride(1) == 1 else u.contiguous()
+    m, n = u.shape
+    q = torch.empty((m, n), dtype=FP8, device=u.device)
+    s = torch.empty((m, 1), dtype=torch.float32, device=u.device)
+    if m:
+        block = triton.next_power_of_2(n)
+        opts = {"num_warps": max(4, min(16, block // 1024))} if u.is_cuda else {}
+        _bias_gelu_quant_kernel[(m,)](u, bias.contiguous(), q, s, n, u.stride(0), q.stride(0), BLOCK=block,
+                                      FMAX=FP8_MAX, AMIN=MIN_AMAX, C=_SQRT_2_OVER_PI, **opts)
+    return q, s

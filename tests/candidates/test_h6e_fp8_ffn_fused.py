@@ -1,0 +1,161 @@
+"""H6e: ``Fp8Ffn`` computes exactly what H6a's two ``Fp8Linear`` and the GELU between them compute
+(on the CPU, where the op is its reference: byte-identical latents through the engine patch), and
+the fused Triton kernel matches that reference — the per-row scales, and every e4m3 code but a
+rare one a single step off — on rows with outliers, all zeros, e4m3-subnormal values, a width that
+is no power of two, a strided input, and the full model's 13 824. On CUDA directly; without a GPU
+through the Triton interpreter (Triton comes with the vllm extra)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn as nn
+
+from harness.candidates import get, h6a_fp8_linear, h6e_fp8_ffn_fused
+from harness.config import load_preset, override
+from harness.engine.conditions import SessionConditions
+from harness.engine.dit_engine import DitEngine
+from harness.engine.fp8_ffn import Fp8Ffn, bias_gelu_quantize, bias_gelu_quantize_reference
+from harness.engine.fp8_linear import Fp8Linear
+from harness.engine.groups import RankGroup
+from harness.errors import HarnessError
+
+
+def _ffn(dim=64, hidden=256, seed=0, dtype=torch.bfloat16):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(dim, hidden, dtype=dtype), nn.GELU(approximate="tanh"),
+                         nn.Linear(hidden, dim, dtype=dtype)).requires_grad_(False)
+
+
+def test_fp8_ffn_is_h6a_ffn_bit_for_bit_on_cpu():
+    ffn = _ffn()
+    x = torch.randn(3, 40, 64, dtype=torch.bfloat16)
+    x[1, 7] *= 300.0  # an outlier token
+    h6a = nn.Sequential(Fp8Linear(ffn[0]), ffn[1], Fp8Linear(ffn[2]))
+    fused = Fp8Ffn(ffn)
+    y = fused(x)
+    assert y.shape == x.shape and y.dtype == torch.bfloat16
+    assert torch.equal(y, h6a(x))
+    # traced as torch.compile traces it (the op's fake kernel gives the shapes), the same numbers
+    assert torch.equal(torch.compile(fused, backend="eager", fullgraph=True)(x), y)
+
+
+def test_fp8_ffn_refuses_what_it_cannot_fuse():
+    with pytest.raises(HarnessError, match="GELU\\(tanh\\)"):
+        Fp8Ffn(nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)))
+    with pytest.raises(HarnessError, match="already swapped"):
+        Fp8Ffn(Fp8Ffn(_ffn()))
+    with pytest.raises(HarnessError, match="has none"):
+        Fp8Ffn(nn.Sequential(nn.Linear(16, 32, bias=False), nn.GELU(approximate="tanh"), nn.Linear(32, 16)))
+
+
+def _latents(eng, n=2):
+    s = eng.start_session(SessionConditions(prompt="h6e", seed=5))
+    out = [eng.generate_chunk(s, ["W", "", "D"]).clone() for _ in range(n)]
+    eng.end_session(s)
+    return out
+
+
+def test_h6e_patch_equals_h6a_quantises_once_and_reverts():
+    eng = DitEngine(override(load_preset("tiny"), parallel={"sp": 1}), group=RankGroup.single(), device=torch.device("cpu"), seed=1)
+    n = len(eng.model.blocks)
+    originals = [b.ffn for b in eng.model.blocks]
+    base = _latents(eng)
+    revert = get("H6a").patch_dit(eng, "ffn")
+    h6a = _latents(eng)
+    revert()
+    cand = get("H6e")
+    revert = cand.patch_dit(eng, "ffn")
+    fused = [b.ffn for b in eng.model.blocks]
+    assert all(isinstance(f, Fp8Ffn) for f in fused)
+    assert all(torch.equal(a, b) for a, b in zip(_latents(eng), h6a))  # H6a's numbers exactly
+    revert()
+    assert all(b.ffn is f for b, f in zip(eng.model.blocks, originals))
+    assert all(torch.equal(a, b) for a, b in zip(_latents(eng), base))
+    revert = cand.patch_dit(eng, "ffn")  # quantised once per engine: the same modules again
+    assert all(b.ffn is f for b, f in zip(eng.model.blocks, fused))
+    revert()
+    revert = cand.patch_dit(eng, "ffn-mid")
+    kinds = [isinstance(b.ffn, Fp8Ffn) for b in eng.model.blocks]
+    assert kinds == [False] * 2 + [True] * (n - 4) + [False] * 2 if n > 4 else not any(kinds)
+    revert()
+    assert eng in h6e_fp8_ffn_fused.QUANTISED and eng in h6a_fp8_linear.QUANTISED
+
+
+def test_h6e_resolution_refusals(monkeypatch):
+    from harness import candidates as C
+
+    cpu = load_preset("tiny")
+    with pytest.raises(HarnessError, match="needs cuda"):
+        C.resolve(["H6e"], cpu)
+    monkeypatch.setattr(C, "_available", lambda need, device: True)  # as on an H200 with Triton
+    assert [c.id for c, _ in C.resolve(["H6e", "H1c"], cpu)] == ["H1c", "H6e"]
+    with pytest.raises(HarnessError, match="H6e and H6a conflict"):
+        C.resolve(["H6a", "H6e"], cpu)
+
+
+# ---- the Triton kernel against the reference --------------------------------------------------------
+def _rows(n: int, m: int, g: torch.Generator) -> torch.Tensor:
+    u = torch.randn(m, n, generator=g) * 2.0
+    u[1] *= 1e4  # saturating outliers: the GELU's large positive and (≈ 0) negative ends
+    u[2] = 0.0  # an all-zero row (bias only)
+    u[3] *= 1e-3  # values around zero: the GELU's linear part
+    u[4, : n // 2] = -3.0 - torch.rand(n // 2, generator=g) * 4  # the negative tail, tiny GELUs
+    u[4, 0] = 200.0  # one large value: the tail's codes fall into e4m3's subnormals
+    return u
+
+
+def check(device: str) -> None:
+    from harness.engine.fused_gelu_quant import bias_gelu_quantize as fused
+
+    g = torch.Generator().manual_seed(0)
+    cases = {f"{m}x{n}": (_rows(n, m, g), torch.randn(n, generator=g)) for m, n in ((7, 1000), (9, 64), (5, 13824))}
+    u, b = cases["9x64"]
+    cases["strided"] = (torch.cat([u, u], dim=1)[:, ::2], b)
+    total = off = 0
+    for name, (u, b) in cases.items():
+        u, b = u.to(torch.bfloat16).to(device), b.to(torch.bfloat16).to(device)
+        q0, s0 = bias_gelu_quantize_reference(u, b)
+        q, s = fused(u, b)
+        assert q.dtype == torch.float8_e4m3fn and q.shape == u.shape and s.shape == (u.shape[0], 1), name
+        # the scales: the amax of g, one bf16 value, the same unless that one value rounded apart
+        rel = ((s - s0).abs() / s0).max().item()
+        assert rel <= 2.0 ** -7, f"{name}: scale off by {rel}"
+        a, r = q.float() * s, q0.float() * s0
+        d = a != r
+        # a code that differs is one e4m3 step from the reference's: ≤ 2⁻³ of it, or one subnormal step
+        step = torch.maximum(r.abs() * 2.0 ** -3, s0 * 2.0 ** -9) * (1 + 2.0 ** -7)
+        assert bool(((a - r).abs() <= step).all()), f"{name}: a code more than one e4m3 step off"
+        total, off = total + d.numel(), off + int(d.sum())
+    assert off <= 1e-3 * total, f"{off} of {total} codes differ"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fused_epilogue_matches_the_reference_on_cuda():
+    pytest.importorskip("triton")
+    check("cuda")
+    u = torch.randn(4680, 13824, device="cuda", dtype=torch.bfloat16)  # one 480×832 chunk's FFN hidden
+    b = torch.randn(13824, device="cuda", dtype=torch.bfloat16)
+    q, s = bias_gelu_quantize(u, b)  # the op dispatches to the kernel on CUDA
+    q0, s0 = bias_gelu_quantize_reference(u, b)
+    assert float((q.float() != q0.float()).float().mean()) < 1e-3
+    assert float(((s - s0).abs() / s0).max()) <= 2.0 ** -7
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA test covers it")
+def test_fused_epilogue_matches_the_reference_in_the_interpreter():
+    pytest.importorskip("triton", reason="Triton is not installed (it comes with the vllm extra)")
+    # TRITON_INTERPRET is read when a kernel is defined, so the check runs in a fresh process
+    code = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_h6e_fp8_ffn_fused import check
+        check("cpu")
+    """)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
