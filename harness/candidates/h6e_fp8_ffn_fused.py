@@ -37,6 +37,11 @@ def patch_ffn_fused(engine, arg: str):
         originals.append((blocks[i], ffn))
         blocks[i].ffn = cache[i]
 
+    if engine.device.type == "cuda":  # the kernel's autotuning, before any graph is compiled or captured
+        from harness.engine.fused_gelu_quant import tune
+
+        tune(engine.cfg.tokens_per_chunk // engine.group.size, engine.cfg.model.ffn_dim, engine.device)
+
     def revert() -> None:
         for block, ffn in originals:
             block.ffn = ffn

@@ -9,10 +9,14 @@ Here one program holds one whole row in registers: one read, one amax, one write
 
 Per element it does what ``fp8_ffn.bias_gelu_quantize_reference`` (H6a's eager order) does,
 rounding where it rounds (to nearest, ties to even): ``v = bf16(u + b)``, ``g = bf16(gelu_tanh(v))``
-(computed in float32), ``s = max(amax|g|, MIN_AMAX) / 448`` and ``q = e4m3(clamp(g / s))`` with
-IEEE divisions. Its GELU is ``v·sigmoid(2z)`` with its own ``exp``, not PyTorch's tanh, so a ``g``
-within float32 rounding of a bf16 rounding boundary can land one bf16 step away: rare, and one
-e4m3 step at most in ``q`` (the tests count them).
+(computed in float32), ``s = max(amax|g|, MIN_AMAX) / 448`` and ``q = e4m3(clamp(g / s))``. Two
+things differ, both in float32 below what the bf16 and e4m3 roundings keep: the GELU is
+``v·sigmoid(2z)`` with the GPU's fast ``exp`` and division, not PyTorch's tanh, and ``g / s`` is
+``g · (448 / amax)``, one division a row. A value within float32 rounding of a bf16 or e4m3
+rounding boundary can so land one step away: rare (the tests count them), and one e4m3 step at
+most in ``q``. The per-row work is memory-light but not compute-free (an exp and a division per
+element over 13 824 columns), so the kernel keeps the instruction count low; the number of warps
+is autotuned per width.
 
 Needs Triton (and a CUDA device, or the interpreter on CPU tensors); importing this module
 without Triton raises ImportError, which is why only ``fp8_ffn``'s CUDA kernel imports it.
@@ -31,8 +35,7 @@ _SQRT_2_OVER_PI = 0.7978845608028654
 
 @triton.jit
 def _round_mantissa(x, BITS: tl.constexpr):
-    """float32 → the nearest float32 with BITS mantissa bits (ties to even), in integer arithmetic:
-    the interpreter's float32 → bf16 and → e4m3 casts do not round as the GPU's do."""
+    """float32 → the nearest float32 with BITS mantissa bits (ties to even), in integer arithmetic."""
     bits = x.to(tl.uint32, bitcast=True)
     drop: tl.constexpr = 23 - BITS
     bits = ((bits + ((1 << (drop - 1)) - 1) + ((bits >> drop) & 1)) >> drop) << drop
@@ -40,31 +43,46 @@ def _round_mantissa(x, BITS: tl.constexpr):
 
 
 @triton.jit
-def _round_e4m3(x):
-    """|x| ≤ 448 → the nearest e4m3fn value (ties to even), still float32, so that the cast after it
-    is exact: 3 mantissa bits down to 2⁻⁶, then the subnormals' fixed 2⁻⁹ step (an IEEE add of
-    1.5·2¹⁴, where float32's step is 2⁻⁹, and its subtraction)."""
-    sub = (x + 24576.0) - 24576.0
-    return tl.where(tl.abs(x) < 0.015625, sub, _round_mantissa(x, 3))
+def _to_bf16(x, EMULATE: tl.constexpr):
+    """float32 → bf16 to nearest, ties to even, back in float32: the GPU's cast does it in one
+    instruction; the interpreter's cast truncates, so there it is done in integers."""
+    if EMULATE:
+        return _round_mantissa(x, 7)
+    return x.to(tl.bfloat16).to(tl.float32)
 
 
 @triton.jit
-def _bias_gelu_quant_kernel(u_ptr, b_ptr, q_ptr, s_ptr, n_cols, u_stride, q_stride,
-                            BLOCK: tl.constexpr, FMAX: tl.constexpr, AMIN: tl.constexpr, C: tl.constexpr):
+def _to_e4m3(x, EMULATE: tl.constexpr):
+    """|x| ≤ 448 → e4m3fn to nearest, ties to even (the GPU's cvt.rn.satfinite); in the interpreter
+    3 mantissa bits down to 2⁻⁶, then the subnormals' fixed 2⁻⁹ step (an IEEE add of 1.5·2¹⁴,
+    where float32's step is 2⁻⁹, and its subtraction), so that the cast after it is exact."""
+    if EMULATE:
+        x = tl.where(tl.abs(x) < 0.015625, (x + 24576.0) - 24576.0, _round_mantissa(x, 3))
+    return x.to(tl.float8e4nv)
+
+
+@triton.jit
+def _bias_gelu_quant_kernel(u_ptr, b_ptr, q_ptr, s_ptr, n_cols, u_stride, q_stride, BLOCK: tl.constexpr,
+                            FMAX: tl.constexpr, AMIN: tl.constexpr, C: tl.constexpr, EMULATE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < n_cols
     u = tl.load(u_ptr + row * u_stride + cols, mask=m, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + cols, mask=m, other=0.0).to(tl.float32)
-    v = _round_mantissa(u + b, 7)  # bf16(u + b)
+    b = tl.load(b_ptr + cols, mask=m, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    v = _to_bf16(u + b, EMULATE)
     # 0.5·v·(1 + tanh(z)) = v·sigmoid(2z): no cancellation where tanh(z) → −1 (v ≪ 0)
     z = C * (v + 0.044715 * (v * v * v))
-    g = _round_mantissa(tl.math.div_rn(v, 1.0 + tl.exp(-2.0 * z)), 7)
+    g = _to_bf16(v / (1.0 + tl.exp(-2.0 * z)), EMULATE)
     g = tl.where(m, g, 0.0)
-    s = tl.maximum(tl.max(tl.abs(g), axis=0), AMIN) / FMAX
-    q = _round_e4m3(tl.minimum(tl.maximum(tl.math.div_rn(g, s), -FMAX), FMAX))
-    tl.store(q_ptr + row * q_stride + cols, q.to(tl.float8e4nv), mask=m)
-    tl.store(s_ptr + row, s)
+    amax = tl.maximum(tl.max(tl.abs(g), axis=0), AMIN)
+    q = tl.minimum(tl.maximum(g * (FMAX / amax), -FMAX), FMAX)
+    tl.store(q_ptr + row * q_stride + cols, _to_e4m3(q, EMULATE), mask=m)
+    tl.store(s_ptr + row, amax / FMAX)
+
+
+#: on the GPU, the number of warps timed per row width at the first call (the interpreter has no timer)
+_tuned_kernel = triton.autotune(configs=[triton.Config({}, num_warps=w) for w in (4, 8, 16, 32)],
+                                key=["n_cols"])(_bias_gelu_quant_kernel)
 
 
 def bias_gelu_quantize(u: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,8 +94,17 @@ def bias_gelu_quantize(u: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tenso
     q = torch.empty((m, n), dtype=FP8, device=u.device)
     s = torch.empty((m, 1), dtype=torch.float32, device=u.device)
     if m:
-        block = triton.next_power_of_2(n)
-        opts = {"num_warps": max(4, min(16, block // 1024))} if u.is_cuda else {}
-        _bias_gelu_quant_kernel[(m,)](u, bias.contiguous(), q, s, n, u.stride(0), q.stride(0), BLOCK=block,
-                                      FMAX=FP8_MAX, AMIN=MIN_AMAX, C=_SQRT_2_OVER_PI, **opts)
+        kernel = _tuned_kernel if u.is_cuda else _bias_gelu_quant_kernel
+        kernel[(m,)](u, bias.contiguous(), q, s, n, u.stride(0), q.stride(0), BLOCK=triton.next_power_of_2(n),
+                     FMAX=FP8_MAX, AMIN=MIN_AMAX, C=_SQRT_2_OVER_PI, EMULATE=not u.is_cuda)
     return q, s
+
+
+def tune(rows: int, cols: int, device: torch.device) -> str:
+    """Run the autotuning for ``cols`` now, on a (rows, cols) input, so that it happens outside a
+    compiled graph's capture; returns the chosen configuration (or "" off the GPU)."""
+    if device.type != "cuda":
+        return ""
+    u = torch.zeros((rows, cols), dtype=torch.bfloat16, device=device)
+    bias_gelu_quantize(u, torch.zeros(cols, dtype=torch.bfloat16, device=device))
+    return str(_tuned_kernel.best_config)

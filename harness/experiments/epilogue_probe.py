@@ -38,13 +38,14 @@ def _per_call_ms(fn, u, b, calls: int, rounds: int) -> float:
 
 
 def check_ffn_epilogue(calls: int = 20, rounds: int = 15) -> dict:
-    from harness.engine.fused_gelu_quant import bias_gelu_quantize as fused  # Triton
+    from harness.engine.fused_gelu_quant import bias_gelu_quantize as fused, tune  # Triton
 
     cfg = load_preset(PRESET)
     m, n = cfg.tokens_per_chunk, cfg.model.ffn_dim
     g = torch.Generator(device="cuda").manual_seed(0)
     u = torch.randn(m, n, device="cuda", generator=g).to(torch.bfloat16)
     b = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16)
+    config = tune(m, n, u.device)
     impls = {"eager": bias_gelu_quantize_reference,
              "compiled": torch.compile(bias_gelu_quantize_reference, fullgraph=True),
              "fused": fused}
@@ -53,7 +54,7 @@ def check_ffn_epilogue(calls: int = 20, rounds: int = 15) -> dict:
     q, s = fused(u, b)
     one_pass = m * n * (2 + 1)  # read bf16, write e4m3 (the bias and the scales are noise)
     blocks, forwards = cfg.model.num_layers, len(cfg.schedule.timesteps) + 1  # the denoise forwards + the commit
-    return {"shape": [m, n], "per_call_ms": ms, "one_pass_bytes": one_pass,
+    return {"shape": [m, n], "fused_config": config, "per_call_ms": ms, "one_pass_bytes": one_pass,
             "one_pass_gb_per_s": {k: one_pass / (v / 1e3) / 1e9 for k, v in ms.items()},
             "calls_per_chunk": blocks * forwards,
             "per_chunk_ms": {k: v * blocks * forwards for k, v in ms.items()},
