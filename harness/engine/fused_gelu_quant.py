@@ -102,9 +102,11 @@ def bias_gelu_quantize(u: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tenso
 
 def tune(rows: int, cols: int, device: torch.device) -> str:
     """Run the autotuning for ``cols`` now, on a (rows, cols) input, so that it happens outside a
-    compiled graph's capture; returns the chosen configuration (or "" off the GPU)."""
+    compiled graph's capture; returns the chosen configuration and every one's timing (or "" off
+    the GPU)."""
     if device.type != "cuda":
         return ""
     u = torch.zeros((rows, cols), dtype=torch.bfloat16, device=device)
     bias_gelu_quantize(u, torch.zeros(cols, dtype=torch.bfloat16, device=device))
-    return str(_tuned_kernel.best_config)
+    timings = getattr(_tuned_kernel, "configs_timings", None) or {}  # Triton ≥ 3: config → [ms, …]
+    return f"{_tuned_kernel.best_config} of " + ", ".join(f"{c}: {t}" for c, t in timings.items())
