@@ -39,6 +39,7 @@ from harness.engine.convert import to_uint8
 from harness.engine.dit_engine import DitEngine
 from harness.engine.groups import RankGroup
 from harness.engine.vae_engine import VaeEngine
+from harness.experiments.epilogue_probe import check_ffn_epilogue
 from harness.errors import HarnessError
 from harness.experiments.vae_probe import check_condition, check_vae_layout
 from harness.measure.gates import latent_metrics, latent_passes, pixel_metrics, pixel_passes
@@ -396,8 +397,6 @@ def main(a) -> int:
     elif a.check == "vae-layout":
         report = check_vae_layout(a.chunks or 6)
     elif a.check == "ffn-epilogue":
-        from harness.experiments.epilogue_probe import check_ffn_epilogue
-
         report = check_ffn_epilogue()
     elif a.check == "condition":
         report = check_condition(a.chunks or 12)
