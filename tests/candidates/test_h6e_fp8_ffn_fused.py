@@ -125,41 +125,49 @@ def _rows(n: int, m: int, g: torch.Generator) -> torch.Tensor:
     return u
 
 
-def check(device: str) -> None:
+def compare(u: torch.Tensor, b: torch.Tensor, name: str) -> tuple[int, int]:
+    """The fused kernel against the reference on one input: (codes that differ, codes)."""
     from harness.engine.fused_gelu_quant import bias_gelu_quantize as fused
 
+    q0, s0 = bias_gelu_quantize_reference(u, b)
+    q, s = fused(u, b)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == u.shape and s.shape == (u.shape[0], 1), name
+    # the scales: the amax of g, one bf16 value, the same unless that one value rounded apart
+    rel = ((s - s0).abs() / s0).max().item()
+    assert rel <= 2.0 ** -7, f"{name}: scale off by {rel}"
+    a, r = q.float() * s, q0.float() * s0
+    # a code that differs is one e4m3 step from the reference's: ≤ 2⁻³ of it, or one subnormal step
+    step = torch.maximum(r.abs() * 2.0 ** -3, s0 * 2.0 ** -9) * (1 + 2.0 ** -7)
+    assert bool(((a - r).abs() <= step).all()), f"{name}: a code more than one e4m3 step off"
+    return int((a != r).sum()), a.numel()
+
+
+def check(device: str, bound: float) -> None:
     g = torch.Generator().manual_seed(0)
     cases = {f"{m}x{n}": (_rows(n, m, g), torch.randn(n, generator=g)) for m, n in ((7, 1000), (9, 64), (5, 13824))}
     u, b = cases["9x64"]
     cases["strided"] = (torch.cat([u, u], dim=1)[:, ::2], b)
     total = off = 0
     for name, (u, b) in cases.items():
-        u, b = u.to(torch.bfloat16).to(device), b.to(torch.bfloat16).to(device)
-        q0, s0 = bias_gelu_quantize_reference(u, b)
-        q, s = fused(u, b)
-        assert q.dtype == torch.float8_e4m3fn and q.shape == u.shape and s.shape == (u.shape[0], 1), name
-        # the scales: the amax of g, one bf16 value, the same unless that one value rounded apart
-        rel = ((s - s0).abs() / s0).max().item()
-        assert rel <= 2.0 ** -7, f"{name}: scale off by {rel}"
-        a, r = q.float() * s, q0.float() * s0
-        d = a != r
-        # a code that differs is one e4m3 step from the reference's: ≤ 2⁻³ of it, or one subnormal step
-        step = torch.maximum(r.abs() * 2.0 ** -3, s0 * 2.0 ** -9) * (1 + 2.0 ** -7)
-        assert bool(((a - r).abs() <= step).all()), f"{name}: a code more than one e4m3 step off"
-        total, off = total + d.numel(), off + int(d.sum())
-    assert off <= 1e-3 * total, f"{off} of {total} codes differ"
+        d, n = compare(u.to(torch.bfloat16).to(device), b.to(torch.bfloat16).to(device), name)
+        total, off = total + n, off + d
+    assert off <= bound * total, f"{off} of {total} codes differ"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_fused_epilogue_matches_the_reference_on_cuda():
     pytest.importorskip("triton")
-    check("cuda")
-    u = torch.randn(4680, 13824, device="cuda", dtype=torch.bfloat16)  # one 480×832 chunk's FFN hidden
-    b = torch.randn(13824, device="cuda", dtype=torch.bfloat16)
-    q, s = bias_gelu_quantize(u, b)  # the op dispatches to the kernel on CUDA
-    q0, s0 = bias_gelu_quantize_reference(u, b)
-    assert float((q.float() != q0.float()).float().mean()) < 1e-3
-    assert float(((s - s0).abs() / s0).max()) <= 2.0 ** -7
+    # the GPU's fast exp and division move more GELU values across a bf16 boundary than the
+    # interpreter's numpy: 0.22 % of the codes at the full shape on an H200 (gpu-batch17), each one step
+    check("cuda", bound=5e-3)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    u = torch.randn(4680, 13824, device="cuda", generator=g).to(torch.bfloat16)  # one 480×832 chunk's FFN hidden
+    b = torch.randn(13824, device="cuda", generator=g).to(torch.bfloat16)
+    from harness.engine.fused_gelu_quant import bias_gelu_quantize as fused
+
+    assert torch.equal(bias_gelu_quantize(u, b)[0].view(torch.uint8), fused(u, b)[0].view(torch.uint8))  # the op runs the kernel
+    off, n = compare(u, b, "4680x13824")
+    assert off <= 5e-3 * n, f"{off} of {n} codes differ"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA test covers it")
@@ -169,7 +177,7 @@ def test_fused_epilogue_matches_the_reference_in_the_interpreter():
     code = textwrap.dedent(f"""
         import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})
         from test_h6e_fp8_ffn_fused import check
-        check("cpu")
+        check("cpu", bound=1e-3)
     """)
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
