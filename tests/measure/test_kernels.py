@@ -9,6 +9,9 @@ def test_categories_of_real_kernel_names():
     assert category("sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x128x128") == "gemm-fp8"
     assert category("nvjet_tst_192x192_64x4_2x1_v_bz_coopA_TNT") == "gemm"
     assert category("triton_per_fused__to_copy_add_mul_0") == "triton"
+    # Inductor names a kernel after what it fuses: the quantisation before an FP8 GEMM is Triton's
+    assert category("triton_red_fused__scaled_mm__to_copy_abs_add_amax_clamp_clamp_min_div_gelu_t_1") == "triton"
+    assert category("_bias_gelu_quant_kernel") == "triton"  # H6e's own
     assert category("void at::native::index_elementwise_kernel<128, 4>") == "copy"
     assert category("some_unknown_kernel") == "other"
 
