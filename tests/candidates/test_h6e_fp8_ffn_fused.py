@@ -3,7 +3,8 @@
 the fused Triton kernel matches that reference — the per-row scales, and every e4m3 code but a
 rare one a single step off — on rows with outliers, all zeros, e4m3-subnormal values, a width that
 is no power of two, a strided input, and the full model's 13 824. On CUDA directly; without a GPU
-through the Triton interpreter (Triton comes with the vllm extra)."""
+through the Triton interpreter (Triton comes with the vllm extra). And SP 2 and 4 give SP 1's
+latents through window eviction."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -182,3 +184,46 @@ def test_fused_epilogue_matches_the_reference_in_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+# ---- SP: 1, 2 and 4 ranks, through window eviction --------------------------------------------------
+#: the tiny preset with a 3-sink + 6-recent window (evicting from chunk 3) and 2 denoising steps
+CACHE, STEPS, CHUNKS = {"sink_frames": 3, "window_frames": 9}, (1000, 500), 4
+
+
+def _sp_run(group: RankGroup) -> dict:
+    torch.set_num_threads(1)
+    cfg = override(load_preset("tiny"), parallel={"sp": group.size}, cache=CACHE, schedule={"timesteps": STEPS})
+    eng = DitEngine(cfg, group=group, device=torch.device("cpu"), seed=3)
+    out = {}
+    for tag, cid in (("bf16", None), ("h6e", "H6e")):
+        revert = get(cid).patch_dit(eng, "ffn") if cid else (lambda: None)
+        try:
+            s = eng.start_session(SessionConditions(prompt="h6e sp", seed=11))
+            out[tag] = [eng.generate_chunk(s, ["W", "", "D"]).numpy().copy() for _ in range(CHUNKS)]
+            eng.end_session(s)
+        finally:
+            revert()
+    return out
+
+
+@cpu_fp8
+def test_h6e_sp_ranks_give_sp1s_latents():
+    """The FFN and its per-row (per-token) scales see one token at a time, so splitting the tokens
+    over ranks changes nothing the FP8 path computes: where the bf16 path is bit-identical to SP=1
+    (it is on this box), so is H6e's; in any case both within the SP test's 1e-4."""
+    from harness.engine.groups import run_ranks
+
+    sp1 = run_ranks(_sp_run, 1)[0]
+    assert any(not np.array_equal(a, b) for a, b in zip(sp1["h6e"], sp1["bf16"]))  # FP8 changes the latents
+    for sp in (2, 4):
+        results = run_ranks(_sp_run, sp)
+        bf16_exact = all(a.tobytes() == b.tobytes() for a, b in zip(results[0]["bf16"], sp1["bf16"]))
+        for r in results:
+            for tag in ("bf16", "h6e"):
+                for c in range(CHUNKS):
+                    assert np.array_equal(r[tag][c], results[0][tag][c]), f"SP={sp}: ranks differ, {tag} chunk {c}"
+                    err = float(np.linalg.norm(r[tag][c] - sp1[tag][c]) / np.linalg.norm(sp1[tag][c]))
+                    assert err <= 1e-4, f"SP={sp} {tag}: chunk {c} relative error {err:.2e}"
+                    if bf16_exact:
+                        assert r[tag][c].tobytes() == sp1[tag][c].tobytes(), f"SP={sp} {tag}: chunk {c} differs"
