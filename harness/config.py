@@ -138,6 +138,10 @@ class RuntimeConfig(_Section):
     device: Device = "cuda"
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     vae_dtype: Literal["float32", "bfloat16"] = "float32"
+    #: the image condition's VAE encoder in the DiT rank (engine/image.py): its dtype ("" = vae_dtype),
+    #: and whether a chunk's latent frames go through it in one forward with cuDNN autotuning (H3c)
+    condition_dtype: Literal["", "float32", "bfloat16", "float16"] = ""
+    condition_chunk: bool = False
     mode: Mode = "eager"
     scheduler: Scheduler = "case-d"
     max_pending_decodes: int = 1

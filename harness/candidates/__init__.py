@@ -30,6 +30,7 @@ MODULES: dict[str, str] = {
     "H2a": "h2a_camera_chunk_cache",
     "H3a": "h3a_vae_compile",
     "H3b": "h3b_vae_bf16",
+    "H3c": "h3c_condition_fp16",
     "H4a": "h4a_fused_output",
     "H4b": "h4b_pinned_d2h",
     "H5a": "h5a_decode_overlap",

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from harness.config import HarnessConfig, VAE_TEMPORAL
-from harness.engine.vae import CausalCache, WanVAE, build_vae
+from harness.engine.vae import CausalCache, WanVAE, build_vae, cudnn_autotuned
 from harness.errors import HarnessError
 
 _ENCODERS: dict[tuple, object] = {}
@@ -41,12 +41,18 @@ def synthetic_image(seed: int, height: int, width: int) -> np.ndarray:
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
 
 
+def condition_dtype(cfg: HarnessConfig) -> torch.dtype:
+    """The image condition encoder's dtype: ``runtime.condition_dtype``, or the VAE's."""
+    return getattr(torch, cfg.runtime.condition_dtype or cfg.runtime.vae_dtype)
+
+
 def _encoder(cfg: HarnessConfig, device: torch.device, seed: int):
     weights = cfg.engine.vae_weights or None
-    key = (cfg.vae, str(device), cfg.runtime.vae_dtype, seed, weights)
+    dtype = condition_dtype(cfg)
+    key = (cfg.vae, str(device), dtype, seed, weights)
     if key not in _ENCODERS:
         _ENCODERS[key] = build_vae(cfg.vae, encoder=True, decoder=False, seed=seed, weights=weights,
-                                   device=device, dtype=getattr(torch, cfg.runtime.vae_dtype))
+                                   device=device, dtype=dtype)
     return _ENCODERS[key]
 
 
@@ -66,12 +72,13 @@ def encode_image(model: WanVAE, image_uint8_hwc, device: torch.device, dtype: to
 class EncodedCondition:
     """The image-condition latents (z, F, h, w) of a session's chunks, in production's convention
     (module docstring). Chunks are asked for in order; asking again for the last one (a chunk run
-    again after a failure) returns the same latents."""
+    again after a failure) returns the same latents. ``whole``: a chunk's latent frames go through
+    the encoder in one forward, with cuDNN autotuning (H3c), instead of production's one a forward."""
 
-    def __init__(self, model: WanVAE, pixels: Tensor, frames_per_chunk: int):
+    def __init__(self, model: WanVAE, pixels: Tensor, frames_per_chunk: int, whole: bool = False):
         if pixels.ndim != 5 or pixels.shape[:3] != (1, 3, 1):
             raise HarnessError(f"the conditioning image must be (1, 3, 1, H, W) pixels, got {tuple(pixels.shape)}")
-        self.model, self.pixels, self.frames = model, pixels, frames_per_chunk
+        self.model, self.pixels, self.frames, self.whole = model, pixels, frames_per_chunk, whole
         self._zeros = pixels.new_zeros(1, 3, VAE_TEMPORAL, *pixels.shape[3:])
         self._cache: CausalCache = model.new_encode_cache()
         self._next = 0
@@ -92,8 +99,8 @@ class EncodedCondition:
     def _encode(self, chunk: int) -> Tensor:
         cache = self._cache.copy()
         groups = [self.pixels if chunk == 0 and i == 0 else self._zeros for i in range(self.frames)]
-        with torch.inference_mode():
-            out = self.model.encode_groups(groups, cache)[0].float()
+        with torch.inference_mode(), cudnn_autotuned(True if self.whole else None):
+            out = self.model.encode_groups(groups, cache, whole=self.whole)[0].float()
         self.encoded_chunks += 1
         if chunk > 0 and cache.same_state(self._cache):
             self.fixed_at = chunk
@@ -103,13 +110,13 @@ class EncodedCondition:
 
 def _conditioning_pixels(cfg: HarnessConfig, image_seed: int, device: torch.device) -> tuple[WanVAE, Tensor]:
     img = synthetic_image(image_seed, cfg.video.height, cfg.video.width)
-    return _encoder(cfg, device, cfg.runtime.seed), image_pixels(img, device, getattr(torch, cfg.runtime.vae_dtype))
+    return _encoder(cfg, device, cfg.runtime.seed), image_pixels(img, device, condition_dtype(cfg))
 
 
 def conditioning_image(cfg: HarnessConfig, image_seed: int, device: torch.device) -> EncodedCondition:
     """The session's image condition, chunk by chunk, from the synthetic image of ``image_seed``."""
     model, pixels = _conditioning_pixels(cfg, image_seed, device)
-    return EncodedCondition(model, pixels, cfg.video.frames_per_chunk)
+    return EncodedCondition(model, pixels, cfg.video.frames_per_chunk, whole=cfg.runtime.condition_chunk)
 
 
 def conditioning_image_latent(cfg: HarnessConfig, image_seed: int, device: torch.device) -> Tensor:

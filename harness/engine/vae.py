@@ -17,9 +17,11 @@ The padded frames are what the cache keeps, so a strip's cache never needs its n
 
 from __future__ import annotations
 
+import contextlib
 import math
 import zlib
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.nn as nn
@@ -415,13 +417,48 @@ class WanVAE(nn.Module):
     def new_encode_cache(self) -> CausalCache:
         return CausalCache(self.encoder.num_slots)
 
-    def encode_groups(self, groups: list[torch.Tensor], cache: CausalCache) -> torch.Tensor:
+    def encode_groups(self, groups: list[torch.Tensor], cache: CausalCache, *, whole: bool = False) -> torch.Tensor:
         """Pixel groups, each one latent frame's worth (the session's first pixel frame alone, then
         4 frames at a time), continuing the encoder history in ``cache`` → normalised latent mean
-        (B, z, len(groups), H/8, W/8)."""
+        (B, z, len(groups), H/8, W/8). ``whole``: the groups after the session's first frame go
+        through the encoder in one forward, not one a forward (production's schedule): the causal
+        convolutions and the stride-2 time convolutions see the same frames either way, so the
+        result is the same up to rounding, at more activation memory."""
+        if whole and len(groups) > 1:
+            first = groups[:1] if cache.first else []
+            rest = groups[len(first):]
+            groups = first + ([torch.cat(rest, dim=2)] if rest else [])
         parts = [self.encoder(g, cache) for g in groups]
         mu = self.quant_conv(torch.cat(parts, dim=2), cache)[:, : self.z_dim]
         return (mu - self.latents_mean) / self.latents_std
+
+
+# ---- backend switches around a pass --------------------------------------------------------------
+@contextlib.contextmanager
+def _switched(value: bool | None, *switches: tuple[object, str]) -> Iterator[None]:
+    """Process-wide backend switches (``(module, attribute)``) set to ``value`` for one pass of
+    the model, then put back — a DiT in the same process must not see them changed; None leaves them."""
+    if value is None:
+        yield
+        return
+    old = [getattr(m, a) for m, a in switches]
+    for m, a in switches:
+        setattr(m, a, value)
+    try:
+        yield
+    finally:
+        for (m, a), v in zip(switches, old):
+            setattr(m, a, v)
+
+
+def tf32_allowed(allowed: bool | None):
+    """cuDNN's and cuBLAS's TF32 switches."""
+    return _switched(allowed, (torch.backends.cudnn, "allow_tf32"), (torch.backends.cuda.matmul, "allow_tf32"))
+
+
+def cudnn_autotuned(on: bool | None):
+    """cuDNN's autotuning (``cudnn.benchmark``)."""
+    return _switched(on, (torch.backends.cudnn, "benchmark"))
 
 
 # ---- weights -------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ width strip with the session's causal cache (per strip) and rank 0 gathers the s
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -17,7 +16,7 @@ import torch._dynamo.config as dcfg
 from harness.config import VAE_SPATIAL, VAE_TEMPORAL, HarnessConfig
 from harness.engine.groups import RankGroup
 from harness.engine.image import encode_image
-from harness.engine.vae import LOCAL, CausalCache, WanVAE, WidthOps, build_vae, parameter_count
+from harness.engine.vae import LOCAL, CausalCache, WanVAE, WidthOps, build_vae, cudnn_autotuned, parameter_count, tf32_allowed
 from harness.engine.vae_shard import WidthShard
 from harness.errors import HarnessError
 
@@ -140,7 +139,7 @@ class VaeEngine:
             )
         strip = self.width.strip(latent) if self.group.active else latent
         strip = strip.to(device=self.device, dtype=self.dtype)[None]
-        with torch.inference_mode(), _tf32(self.decode_tf32), _autotune(self.decode_autotune):
+        with torch.inference_mode(), tf32_allowed(self.decode_tf32), cudnn_autotuned(self.decode_autotune):
             pixels = self.model.decode(strip, session.cache, self.width, frames_per_step=self.frames_per_step)[0]
             out = self.width.gather_to_root(pixels) if self.group.active else pixels
         session.chunks += 1
@@ -172,33 +171,6 @@ class VaeEngine:
 def _tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     yield from model.named_parameters()
     yield from model.named_buffers()
-
-
-@contextlib.contextmanager
-def _switched(value: bool | None, *switches: tuple[object, str]) -> Iterator[None]:
-    """Process-wide backend switches (``(module, attribute)``) set to ``value`` for one decode,
-    then put back — a DiT in the same process must not see them changed; None leaves them."""
-    if value is None:
-        yield
-        return
-    old = [getattr(m, a) for m, a in switches]
-    for m, a in switches:
-        setattr(m, a, value)
-    try:
-        yield
-    finally:
-        for (m, a), v in zip(switches, old):
-            setattr(m, a, v)
-
-
-def _tf32(allowed: bool | None):
-    """cuDNN's and cuBLAS's TF32 switches."""
-    return _switched(allowed, (torch.backends.cudnn, "allow_tf32"), (torch.backends.cuda.matmul, "allow_tf32"))
-
-
-def _autotune(on: bool | None):
-    """cuDNN's autotuning (``cudnn.benchmark``)."""
-    return _switched(on, (torch.backends.cudnn, "benchmark"))
 
 
 class _Untraced(WidthOps):

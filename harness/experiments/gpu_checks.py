@@ -3,7 +3,7 @@
     python -m harness gpu-checks output  [--json F]   # H4a + H4b: exactness, convert+D2H times
     python -m harness gpu-checks vae     [--json F]   # H3a: compiled vs eager decode
     python -m harness gpu-checks vae-layout [--json F] # cuDNN autotuning, whole-chunk steps, NDHWC, bf16
-    python -m harness gpu-checks condition [--json F]  # the image condition's encoder passes per chunk
+    python -m harness gpu-checks condition [--json F]  # the image condition's encoder passes per chunk, per H3c mode
     python -m harness gpu-checks ffn-epilogue [--json F] # H6e's fused FFN-up epilogue vs torch.compile's
     python -m harness gpu-checks dit     [--json F] [--chunks 7] [--compile-mode M]
                                                                   # compiled vs eager DiT (+ H2a)

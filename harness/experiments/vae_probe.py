@@ -29,6 +29,7 @@ import time
 import numpy as np
 import torch
 
+from harness.candidates.h3c_condition_fp16 import MODES as CONDITION_MODES
 from harness.config import load_preset, override
 from harness.engine.convert import to_uint8
 from harness.engine.groups import RankGroup
@@ -117,18 +118,29 @@ def check_vae_layout(chunks: int = 6, variants: tuple[str, ...] = tuple(VARIANTS
     return out
 
 
-def check_condition(chunks: int = 12, *, preset: str = PRESET, device: str = "cuda") -> dict:
-    """The image condition's encoder passes in the DiT stage (engine/image.py): each chunk's encode
-    time until the fixed point, and the chunk it was found at (None: not within ``chunks``)."""
+def check_condition(chunks: int = 12, *, preset: str = PRESET, device: str = "cuda",
+                    modes: tuple[str, ...] = ("", "fp16", "fp16-chunk", "bf16-chunk")) -> dict:
+    """The image condition's encoder passes in the DiT stage (engine/image.py), per encoder mode
+    ("": the preset's fp32, production's schedule; the others H3c's): each chunk's encode time
+    until the fixed point, the chunk it was found at (None: not within ``chunks``), and each
+    chunk's condition latents against the fp32 ones (relative L2, max|Δ|)."""
     dev = torch.device(device)
-    cfg = load_preset(preset)
-    cond = conditioning_image(cfg, 1, dev)
-    times = []
-    for k in range(chunks):
-        _sync(dev)
-        t0 = time.perf_counter()
-        cond.latents(k)
-        _sync(dev)
-        times.append(round((time.perf_counter() - t0) * 1e3, 1))
-    return {"preset": preset, "chunks": chunks, "chunk_ms": times, "fixed_at": cond.fixed_at,
-            "encoded_chunks": cond.encoded_chunks}
+    out, ref = {"preset": preset, "chunks": chunks, "modes": {}}, []
+    for mode in modes:
+        dtype, whole = CONDITION_MODES[mode] if mode else ("", False)
+        cfg = override(load_preset(preset), runtime={"condition_dtype": dtype, "condition_chunk": whole})
+        cond = conditioning_image(cfg, 1, dev)
+        times, lats = [], []
+        for k in range(chunks):
+            _sync(dev)
+            t0 = time.perf_counter()
+            lats.append(cond.latents(k).float())
+            _sync(dev)
+            times.append(round((time.perf_counter() - t0) * 1e3, 1))
+        ref = ref or lats
+        row = {"chunk_ms": times, "fixed_at": cond.fixed_at, "encoded_chunks": cond.encoded_chunks}
+        if mode:
+            row["rel_l2"] = [float((a - b).norm() / b.norm()) for a, b in zip(lats, ref)]
+            row["max_abs"] = [float((a - b).abs().max()) for a, b in zip(lats, ref)]
+        out["modes"][mode or "fp32"] = row
+    return out

@@ -26,7 +26,7 @@ slow = pytest.mark.skipif(not SLOW, reason="compiles with CPU inductor in every 
 #: the argument each candidate runs with on CPU, where its default needs a GPU
 #: (H3b: bf16's max|Δ| fails the pixel gate at the tiny preset's random weights, fp16 passes it —
 #: both measured in tests/candidates/test_h3b_vae_bf16.py)
-CPU_ARG = {"H1b": "math", "H3b": "fp16"}
+CPU_ARG = {"H1b": "math", "H3b": "fp16", "H3c": "bf16-chunk"}
 SLOW_IDS = {"H3a"}
 
 
@@ -84,7 +84,7 @@ def test_gpu_candidates_are_refused_on_cpu(cid, tmp_path):
 
 
 def test_every_candidate_is_listed(capsys):
-    assert list(candidates.MODULES) == ["H1a", "H1b", "H1c", "H2a", "H3a", "H3b", "H4a", "H4b", "H5a", "H6a", "H6b", "H6c", "H6d", "H6e"]
+    assert list(candidates.MODULES) == ["H1a", "H1b", "H1c", "H2a", "H3a", "H3b", "H3c", "H4a", "H4b", "H5a", "H6a", "H6b", "H6c", "H6d", "H6e"]
     from harness.cli import main
 
     assert main(["candidates"]) == 0

@@ -141,3 +141,24 @@ def test_image_condition_continues_the_encoder_over_zero_pixels(cfg):
     # a fixed point was reached and, from it on, the encoder stopped running
     assert cond.fixed_at is not None and cond.encoded_chunks == cond.fixed_at + 1
     assert torch.equal(chunks[-1], chunks[cond.fixed_at])
+
+
+def test_whole_chunk_condition_encoder_is_the_per_frame_one_up_to_rounding(cfg):
+    """H3c's schedule: a chunk's latent frames through the encoder in one forward (the session's
+    first pixel frame still alone) gives production's one-a-forward conditions to fp32 rounding,
+    reaches the fixed point at the same chunk, and stops encoding there; bf16 is bf16's rounding
+    away, and the dtype is the encoder's own (the VAE decoder's is untouched)."""
+    per_frame = conditioning_image(cfg, 3, CPU)
+    whole_cfg = override(cfg, runtime={"condition_chunk": True})
+    whole = conditioning_image(whole_cfg, 3, CPU)
+    assert whole.whole and not per_frame.whole
+    a = [per_frame.latents(c) for c in range(12)]
+    b = [whole.latents(c) for c in range(12)]
+    assert all(torch.allclose(x, y, rtol=0, atol=1e-5) for x, y in zip(a, b))
+    assert whole.fixed_at == per_frame.fixed_at is not None and whole.encoded_chunks == per_frame.encoded_chunks
+    bf16_cfg = override(cfg, runtime={"condition_dtype": "bfloat16", "condition_chunk": True})
+    bf16 = conditioning_image(bf16_cfg, 3, CPU)
+    assert next(bf16.model.parameters()).dtype == torch.bfloat16 and bf16_cfg.runtime.vae_dtype == "float32"
+    c = [bf16.latents(k) for k in range(3)]
+    errs = [float((x - y).norm() / y.norm()) for x, y in zip(c, a)]
+    assert all(0 < e < 0.05 for e in errs), errs

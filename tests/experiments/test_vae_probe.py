@@ -12,9 +12,12 @@ def test_psnr_of_unit_range_frames():
 
 
 def test_condition_probe_finds_the_fixed_point_and_stops_encoding():
-    r = check_condition(9, preset="tiny", device="cpu")
-    assert r["fixed_at"] is not None and r["encoded_chunks"] == r["fixed_at"] + 1
-    assert len(r["chunk_ms"]) == 9
+    r = check_condition(9, preset="tiny", device="cpu", modes=("", "bf16-chunk"))
+    fp32, bf16 = r["modes"]["fp32"], r["modes"]["bf16-chunk"]
+    assert fp32["fixed_at"] is not None and fp32["encoded_chunks"] == fp32["fixed_at"] + 1
+    assert len(fp32["chunk_ms"]) == 9 and "rel_l2" not in fp32
+    # H3c's bf16 whole-chunk encoder: the same conditions to bf16's rounding, chunk by chunk
+    assert len(bf16["rel_l2"]) == 9 and 0 < max(bf16["rel_l2"]) < 0.05, bf16["rel_l2"]
 
 
 def test_layout_probe_compares_every_variant_with_the_reference():
