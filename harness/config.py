@@ -257,6 +257,8 @@ def validate(cfg: HarnessConfig) -> HarnessConfig:
         (math.isfinite(cfg.runtime.telemetry_hz) and 0 <= cfg.runtime.telemetry_hz <= 100,
          f"runtime.telemetry_hz = {cfg.runtime.telemetry_hz:g} must be 0 (off) or a rate up to 100 samples per second"),
         (cfg.runtime.max_pending_decodes >= 1, "runtime.max_pending_decodes must be ≥ 1"),
+        (cfg.runtime.condition_dtype != "float16" or cfg.runtime.device == "cuda",
+         "runtime.condition_dtype = float16 needs runtime.device = cuda (the CPU has no fp16 3-D convolution worth running)"),
         (cfg.runtime.ring_slots >= 1 and cfg.runtime.queue_depth >= 1, "runtime.ring_slots and queue_depth must be ≥ 1"),
         (len(cfg.vae.temporal_upsample) == len(cfg.vae.dim_mult) - 1,
          "vae.temporal_upsample needs one entry per up stage (len(dim_mult) - 1)"),

@@ -12,6 +12,7 @@ An id may carry an argument after a colon, e.g. ``H1b:cudnn``.
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal
 
@@ -91,14 +92,20 @@ def split_id(spec: str) -> tuple[str, str]:
     return cid.strip(), arg.strip()
 
 
+_ID_SHAPE = re.compile(r"^H\d+[a-z]$")
+
+
 def split_joined(text: str) -> list[str]:
     """``"H6a:ffn+o+H1b:fa3"`` → ``["H6a:ffn+o", "H1b:fa3"]``: a '+'-joined candidate list, where a
     '+' starts a new candidate only before a known id (arguments such as ``ffn+o`` hold '+' too)."""
     specs: list[str] = []
     for piece in (p.strip() for p in text.split("+")):
-        if specs and split_id(piece)[0] not in MODULES:
+        if not piece:
+            continue
+        # a piece shaped like an id starts a candidate, known or not (an unknown one is refused by name)
+        if specs and not _ID_SHAPE.match(split_id(piece)[0]):
             specs[-1] += "+" + piece
-        elif piece:
+        else:
             specs.append(piece)
     return specs
 

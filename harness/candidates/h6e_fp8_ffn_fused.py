@@ -17,36 +17,42 @@ import weakref
 import torch.nn as nn
 
 from harness.candidates import Candidate
+from harness.engine.fp8_ffn import Fp8Ffn
 from harness.engine.fp8_linear import EDGE_BF16
+from harness.errors import HarnessError
 
 #: engine → block index → its Fp8Ffn, quantised once per engine and kept across patch/revert
 QUANTISED: "weakref.WeakKeyDictionary[object, dict[int, nn.Module]]" = weakref.WeakKeyDictionary()
 
 
 def patch_ffn_fused(engine, arg: str):
-    from harness.engine.fp8_ffn import Fp8Ffn  # registers the op; its CUDA kernel needs Triton
-
     blocks = engine.model.blocks
     edge = EDGE_BF16.get(arg, 0)
-    cache = QUANTISED.setdefault(engine, {})
-    originals = []
-    for i in range(edge, len(blocks) - edge):
-        ffn = blocks[i].ffn
-        if i not in cache:
-            cache[i] = Fp8Ffn(ffn)
-        originals.append((blocks[i], ffn))
-        blocks[i].ffn = cache[i]
-
     if engine.device.type == "cuda":  # the kernel's autotuning, before any graph is compiled or captured
-        from harness.engine.fused_gelu_quant import tune
+        from harness.engine.fused_gelu_quant import tune  # Triton: imported only on a GPU
 
         tune(engine.cfg.tokens_per_chunk // engine.group.size, engine.cfg.model.ffn_dim, engine.device)
+    cache = QUANTISED.setdefault(engine, {})
+    for i in range(edge, len(blocks) - edge):  # every FFN wrapped (or refused) before any is swapped
+        if i not in cache:
+            cache[i] = Fp8Ffn(blocks[i].ffn)
+    originals = []
+    for i in range(edge, len(blocks) - edge):
+        originals.append((blocks[i], blocks[i].ffn))
+        blocks[i].ffn = cache[i]
 
     def revert() -> None:
         for block, ffn in originals:
             block.ffn = ffn
 
     return revert
+
+
+def _configure(cfg, arg: str):
+    # the kernel rounds as bf16 does: a float32 model would silently stop matching H6a
+    if cfg.runtime.dtype != "bfloat16":
+        raise HarnessError(f"candidate H6e fuses a bf16 FFN epilogue; this run's runtime.dtype is {cfg.runtime.dtype}")
+    return cfg
 
 
 CANDIDATE = Candidate(
@@ -57,6 +63,7 @@ CANDIDATE = Candidate(
     needs=("cuda", "fp8", "triton"),
     conflicts=("H6a", "H6c"),  # each replaces the FFN's GEMMs; H6a:ffn+o's attention projections have no fused form here
     changes="engine",
+    configure=_configure,
     patch_dit=patch_ffn_fused,
     arg_choices=("ffn", "ffn-mid"),
     default_arg="ffn",

@@ -14,7 +14,8 @@ things differ, both in float32 below what the bf16 and e4m3 roundings keep: the 
 ``v·sigmoid(2z)`` with the GPU's fast ``exp`` and division, not PyTorch's tanh, and ``g / s`` is
 ``g · (448 / amax)``, one division a row. A value within float32 rounding of a bf16 or e4m3
 rounding boundary can so land one step away: rare (the tests count them), and one e4m3 step at
-most in ``q``. The per-row work is memory-light but not compute-free (an exp and a division per
+most in ``q``. A NaN stays NaN in its own code (the reference's whole row turns NaN): either way
+the gate sees a non-finite latent. The per-row work is memory-light but not compute-free (an exp and a division per
 element over 13 824 columns), so the kernel keeps the instruction count low; the number of warps
 is autotuned per width.
 
@@ -75,7 +76,9 @@ def _bias_gelu_quant_kernel(u_ptr, b_ptr, q_ptr, s_ptr, n_cols, u_stride, q_stri
     g = _to_bf16(v / (1.0 + tl.exp(-2.0 * z)), EMULATE)
     g = tl.where(m, g, 0.0)
     amax = tl.maximum(tl.max(tl.abs(g), axis=0), AMIN)
-    q = tl.minimum(tl.maximum(g * (FMAX / amax), -FMAX), FMAX)
+    # a NaN stays NaN (as the reference's does), so a blow-up reaches the gate
+    q = tl.minimum(tl.maximum(g * (FMAX / amax), -FMAX, propagate_nan=tl.PropagateNan.ALL), FMAX,
+                   propagate_nan=tl.PropagateNan.ALL)
     tl.store(q_ptr + row * q_stride + cols, _to_e4m3(q, EMULATE), mask=m)
     tl.store(s_ptr + row, amax / FMAX)
 
@@ -89,6 +92,8 @@ def bias_gelu_quantize(u: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tenso
     """(M, N) bf16 FFN-up output and its (N,) bias → e4m3 (M, N) and the per-row fp32 scale (M, 1)."""
     if u.dim() != 2 or bias.shape != (u.shape[1],):
         raise ValueError(f"expected (M, N) and (N,), got {tuple(u.shape)} and {tuple(bias.shape)}")
+    if u.dtype != torch.bfloat16 or bias.dtype != torch.bfloat16:
+        raise ValueError(f"the kernel rounds as bf16 does: expected bf16 inputs, got {u.dtype} and {bias.dtype}")
     u = u if u.stride(1) == 1 else u.contiguous()
     m, n = u.shape
     q = torch.empty((m, n), dtype=FP8, device=u.device)

@@ -73,12 +73,14 @@ class EncodedCondition:
     """The image-condition latents (z, F, h, w) of a session's chunks, in production's convention
     (module docstring). Chunks are asked for in order; asking again for the last one (a chunk run
     again after a failure) returns the same latents. ``whole``: a chunk's latent frames go through
-    the encoder in one forward, with cuDNN autotuning (H3c), instead of production's one a forward."""
+    the encoder in one forward (H3c) instead of production's one a forward; ``autotune``: with cuDNN
+    timing its algorithms (only where one rank encodes: each rank times its own, and ranks whose
+    algorithms differ would round their conditions apart)."""
 
-    def __init__(self, model: WanVAE, pixels: Tensor, frames_per_chunk: int, whole: bool = False):
+    def __init__(self, model: WanVAE, pixels: Tensor, frames_per_chunk: int, whole: bool = False, autotune: bool = False):
         if pixels.ndim != 5 or pixels.shape[:3] != (1, 3, 1):
             raise HarnessError(f"the conditioning image must be (1, 3, 1, H, W) pixels, got {tuple(pixels.shape)}")
-        self.model, self.pixels, self.frames, self.whole = model, pixels, frames_per_chunk, whole
+        self.model, self.pixels, self.frames, self.whole, self.autotune = model, pixels, frames_per_chunk, whole, autotune
         self._zeros = pixels.new_zeros(1, 3, VAE_TEMPORAL, *pixels.shape[3:])
         self._cache: CausalCache = model.new_encode_cache()
         self._next = 0
@@ -99,7 +101,7 @@ class EncodedCondition:
     def _encode(self, chunk: int) -> Tensor:
         cache = self._cache.copy()
         groups = [self.pixels if chunk == 0 and i == 0 else self._zeros for i in range(self.frames)]
-        with torch.inference_mode(), cudnn_autotuned(True if self.whole else None):
+        with torch.inference_mode(), cudnn_autotuned(True if self.autotune else None):
             out = self.model.encode_groups(groups, cache, whole=self.whole)[0].float()
         self.encoded_chunks += 1
         if chunk > 0 and cache.same_state(self._cache):
@@ -116,7 +118,8 @@ def _conditioning_pixels(cfg: HarnessConfig, image_seed: int, device: torch.devi
 def conditioning_image(cfg: HarnessConfig, image_seed: int, device: torch.device) -> EncodedCondition:
     """The session's image condition, chunk by chunk, from the synthetic image of ``image_seed``."""
     model, pixels = _conditioning_pixels(cfg, image_seed, device)
-    return EncodedCondition(model, pixels, cfg.video.frames_per_chunk, whole=cfg.runtime.condition_chunk)
+    whole = cfg.runtime.condition_chunk
+    return EncodedCondition(model, pixels, cfg.video.frames_per_chunk, whole=whole, autotune=whole and cfg.parallel.sp == 1)
 
 
 def conditioning_image_latent(cfg: HarnessConfig, image_seed: int, device: torch.device) -> Tensor:

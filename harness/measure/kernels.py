@@ -12,6 +12,8 @@ from __future__ import annotations
 #: names a kernel after the ops it fuses ("triton_red_fused__scaled_mm_…_amax" is the activation's
 #: quantisation before an FP8 GEMM, not the GEMM), and the harness's own kernels by their functions.
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("gemm-fp8", ("triton_tem_fused__scaled_mm",)),  # Inductor's GEMM templates (max-autotune) are GEMMs
+    ("gemm", ("triton_tem_",)),
     ("triton", ("triton_", "_bias_gelu_quant_kernel", "_to_uint8_kernel")),
     ("attention-fa3", ("flashattnfwdsm90", "flash::", "flash_fwd")),
     ("attention-cudnn", ("cudnn", "fmha", "sdpa")),

@@ -34,6 +34,7 @@ BAD_SERVE = [
     (["--set", "runtime.ring_slots=100000"], "runtime.ring_slots = 100000 is outside"),
     (["--set", "runtime.rank_timeout_s=-1"], "rank_timeout_s"),
     (["--set", "schedule.timesteps=[5000, 10]"], "schedule.timesteps"),
+    (["--set", "runtime.condition_dtype=float16"], "runtime.condition_dtype = float16 needs runtime.device = cuda"),
     # fits the ceilings, not the machine: refused by the memory estimate, not by ENOMEM
     (["--set", "video.height=8192", "--set", "video.width=8192", "--set", "runtime.ring_slots=200"], "of /dev/shm"),
     (["--set", "model.dim=32768", "--set", "model.num_heads=256", "--set", "model.num_layers=512",

@@ -12,6 +12,7 @@ def test_categories_of_real_kernel_names():
     # Inductor names a kernel after what it fuses: the quantisation before an FP8 GEMM is Triton's
     assert category("triton_red_fused__scaled_mm__to_copy_abs_add_amax_clamp_clamp_min_div_gelu_t_1") == "triton"
     assert category("_bias_gelu_quant_kernel") == "triton"  # H6e's own
+    assert category("triton_tem_fused_mm_0") == "gemm" and category("triton_tem_fused__scaled_mm_1") == "gemm-fp8"
     assert category("void at::native::index_elementwise_kernel<128, 4>") == "copy"
     assert category("some_unknown_kernel") == "other"
 
