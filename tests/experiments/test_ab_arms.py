@@ -21,6 +21,8 @@ def test_parse_arms_and_refusals():
     # a '+' inside an argument (H6a's layer sets ffn+o, ffn+attn-smooth) does not start a candidate
     assert ab_arms.parse_arms(["o=H6a:ffn+o+H1b:fa3", "s=H1c+H6a:ffn+attn-smooth"]) == {
         "o": ["H6a:ffn+o", "H1b:fa3"], "s": ["H1c", "H6a:ffn+attn-smooth"]}
+    # an unknown id after a '+' stays a candidate of its own (refused by name later), empty pieces go
+    assert ab_arms.parse_arms(["u=H6a:ffn+H9z++H1c"]) == {"u": ["H6a:ffn", "H9z", "H1c"]}
     for bad in (["H6a"], ["=H6a"], ["x="], ["A=H6a"], ["x=H6a", "x=H1a"], []):
         with pytest.raises(HarnessError):
             ab_arms.parse_arms(bad)
