@@ -269,8 +269,10 @@ class LocalLauncher(Addressing):
     def shutdown(self, grace_s: float = 10.0) -> None:
         for p in self.procs:
             try:
+                # straight to the pipe, not through send: a rank dying as the run ends must not turn
+                # the teardown into a second error that replaces the one that ended the run
                 if p.process.is_alive():
-                    self.send(p, M.Shutdown())
+                    p.conn.send_bytes(M.encode(M.Shutdown()))
             except (OSError, ValueError):
                 pass
         deadline = time.monotonic() + grace_s
