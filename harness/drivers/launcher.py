@@ -122,6 +122,15 @@ class Addressing:
     def send(self, proc, msg) -> None:
         self._send_raw(proc, M.encode(msg))
 
+    def ask_to_stop(self, proc) -> None:
+        """A Shutdown at teardown, straight to the pipe rather than through ``send``: a rank dying
+        as the run ends must not turn the teardown into a second error (its death, from
+        ``_death``) that replaces the one that ended the run."""
+        try:
+            proc.conn.send_bytes(M.encode(M.Shutdown()))
+        except (OSError, ValueError):
+            pass
+
     def _send_raw(self, proc, raw: bytes) -> None:
         """A write to a rank that died (e.g. killed while the server was idle) names the rank, not a broken pipe."""
         try:
@@ -268,13 +277,8 @@ class LocalLauncher(Addressing):
     # ---- teardown ------------------------------------------------------------------------
     def shutdown(self, grace_s: float = 10.0) -> None:
         for p in self.procs:
-            try:
-                # straight to the pipe, not through send: a rank dying as the run ends must not turn
-                # the teardown into a second error that replaces the one that ended the run
-                if p.process.is_alive():
-                    p.conn.send_bytes(M.encode(M.Shutdown()))
-            except (OSError, ValueError):
-                pass
+            if p.process.is_alive():
+                self.ask_to_stop(p)
         deadline = time.monotonic() + grace_s
         for p in self.procs:
             p.process.join(timeout=max(0.0, deadline - time.monotonic()))

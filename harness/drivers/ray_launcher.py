@@ -398,10 +398,7 @@ class RayLauncher(Addressing):
             return
         for p in self.procs:
             if p.conn is not None and not p.conn.closed:
-                try:
-                    self.send(p, M.Shutdown())
-                except (OSError, ValueError):
-                    pass
+                self.ask_to_stop(p)
         refs = [p.run_ref for p in self.procs if p.run_ref is not None]
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=grace_s)
