@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from harness.candidates import Candidate
 from harness.engine.fp8_ffn import Fp8Ffn
-from harness.engine.fp8_linear import EDGE_BF16
+from harness.engine.fp8_linear import fp8_blocks
 from harness.errors import HarnessError
 
 #: engine → block index → its Fp8Ffn, quantised once per engine and kept across patch/revert
@@ -27,18 +27,17 @@ QUANTISED: "weakref.WeakKeyDictionary[object, dict[int, nn.Module]]" = weakref.W
 
 def patch_ffn_fused(engine, arg: str):
     blocks = engine.model.blocks
-    edge = EDGE_BF16.get(arg, 0)
+    chosen = fp8_blocks(len(blocks), arg)
     if engine.device.type == "cuda":  # the kernel's autotuning, before any graph is compiled or captured
         from harness.engine.fused_gelu_quant import tune  # Triton: imported only on a GPU
 
         tune(engine.cfg.tokens_per_chunk // engine.group.size, engine.cfg.model.ffn_dim, engine.device)
     cache = QUANTISED.setdefault(engine, {})
-    for i in range(edge, len(blocks) - edge):  # every FFN wrapped (or refused) before any is swapped
+    for i in chosen:  # every FFN wrapped (or refused) before any is swapped
         if i not in cache:
             cache[i] = Fp8Ffn(blocks[i].ffn)
-    originals = []
-    for i in range(edge, len(blocks) - edge):
-        originals.append((blocks[i], blocks[i].ffn))
+    originals = [(blocks[i], blocks[i].ffn) for i in chosen]
+    for i in chosen:
         blocks[i].ffn = cache[i]
 
     def revert() -> None:

@@ -58,12 +58,15 @@ class Fp8Linear(nn.Module):
         self.out_dtype = linear.weight.dtype
         self.in_features, self.out_features = k, n
 
+    def product(self, x8: Tensor, xs: Tensor) -> Tensor:
+        """(M, K) e4m3 with its per-row scale (M, 1) → x Wᵀ (M, N) in the layer's dtype, no bias."""
+        return torch._scaled_mm(x8, self.w8.t(), scale_a=xs, scale_b=self.w_scale, out_dtype=self.out_dtype)
+
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
         if self.inv_smooth is not None:
             x = x * self.inv_smooth  # exact (powers of two); fuses with the quantisation when compiled
-        x8, xs = rowwise_quantize(x.reshape(-1, self.in_features))
-        y = torch._scaled_mm(x8, self.w8.t(), scale_a=xs, scale_b=self.w_scale, out_dtype=self.out_dtype)
+        y = self.product(*rowwise_quantize(x.reshape(-1, self.in_features)))
         if self.bias is not None:
             y = y + self.bias  # outside the GEMM: fuses with what follows under torch.compile
         return y.reshape(*lead, self.out_features)
@@ -117,9 +120,14 @@ SMOOTH_ALPHA = 0.5
 
 def block_paths(num_blocks: int, layer_set: str, only: tuple[str, ...] | None = None) -> list[str]:
     """The linears of ``layer_set`` (or the subset ``only``) over the blocks it covers."""
-    k = EDGE_BF16.get(layer_set, 0)
     names = [p for p in LAYER_SETS[layer_set] if only is None or p in only]
-    return [f"blocks.{i}.{p}" for i in range(k, num_blocks - k) for p in names]
+    return [f"blocks.{i}.{p}" for i in fp8_blocks(num_blocks, layer_set) for p in names]
+
+
+def fp8_blocks(num_blocks: int, layer_set: str) -> range:
+    """The blocks a layer set puts in FP8: all but ``EDGE_BF16``'s at each end."""
+    k = EDGE_BF16.get(layer_set, 0)
+    return range(k, num_blocks - k)
 
 
 def smooth_factors(x_amax: Tensor, weight: Tensor, alpha: float = SMOOTH_ALPHA) -> Tensor:
