@@ -69,6 +69,8 @@ def _ab_arms(p: argparse.ArgumentParser) -> None:
     p.add_argument("--launches", type=int, default=1, help="fresh processes, each running every round; ≥ 2 gives "
                    "each arm a verdict over launches (default 1: a screen, no verdict)")
     p.add_argument("--kernels", action="store_true", help="per-kernel breakdown of one extra, untimed steady chunk per arm (GPU)")
+    p.add_argument("--versus", action="append", default=[], metavar="ARM/ARM",
+                   help="also time the first arm against the second, paired by round, e.g. fused/best (repeatable)")
 
 
 def _gate(p: argparse.ArgumentParser) -> None:

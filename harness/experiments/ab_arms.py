@@ -19,7 +19,10 @@ reads "no verdict: one launch" (a screen). ``--launches N`` runs N fresh process
 the engine and every arm, and judges each arm over the launches like ``ab-engine --launches N``:
 several candidates get verdicts for one baseline's compilation per launch. ``--kernels`` adds one
 chunk to each arm's last session (of the last launch), profiled for a per-kernel breakdown and left
-out of the times and the gate.
+out of the times and the gate. ``--versus fused/best`` also times one arm against another (both
+already gated against the baseline), paired per round like B against A: the question "is H6e faster
+than H6a" answered inside one launch's engine and over the launches, not read off two intervals
+that each carry the baseline's noise.
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ from harness.experiments.bench_engine import (
     warmup_chunks,
     write_result,
 )
-from harness.experiments.ab_engine import (BASELINE, ArmPlan, EngineArm, judge_gated, latent_bytes, plan_arm, ratio_columns,
-                                           session_actions)
+from harness.experiments.ab_engine import (BASELINE, ArmPlan, EngineArm, judge, judge_gated, latent_bytes, plan_arm,
+                                           ratio_columns, session_actions)
 from harness.experiments.kernel_profile import ProfileChunk
 from harness.measure import stats as S
 from harness.measure.kernels import render
@@ -69,6 +72,29 @@ def parse_arms(texts: list[str]) -> dict[str, list[str]]:
     return arms
 
 
+def parse_versus(texts: list[str], arms: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """``B/A`` → (B, A): arm B timed against arm A (either may be the baseline "A"); both named, distinct."""
+    pairs = []
+    for t in texts:
+        b, sep, a = (x.strip() for x in t.partition("/"))
+        if not sep or not a or not b or a == b:
+            raise HarnessError(f"--versus {t!r}: expected ARM/ARM, two different arm names, e.g. fused/best")
+        for n in (b, a):
+            if n != "A" and n not in arms:
+                raise HarnessError(f"--versus {t!r}: no arm named {n!r} (arms: A, {', '.join(arms)})")
+        pairs.append((b, a))
+    return pairs
+
+
+def judge_versus(runs: list[dict], b: str, a: str, steady: int, arms: dict[str, dict]) -> dict:
+    """Arm b's steady chunks against arm a's, paired by round within each launch (``ab_engine.judge``).
+    A pair where either arm failed its gate against the baseline gets no verdict."""
+    failed = [n for n in (b, a) if n != "A" and not arms[n]["gate"]["passed"]]
+    if failed:
+        return {"verdict": "no verdict", "reason": f"{', '.join(failed)} failed its gate against the baseline"}
+    return judge([{"A": r["times"][a], "B": r["times"][b]} for r in runs], steady, True)
+
+
 def round_order(names: list[str], r: int) -> list[str]:
     """The baseline and every arm, rotated by the round index."""
     k = r % len(names)
@@ -76,7 +102,8 @@ def round_order(names: list[str], r: int) -> list[str]:
 
 
 def run(cfg: HarnessConfig, arms: dict[str, list[str]], rounds: int, chunks: int, kernels: bool = False,
-        launches: int = 1, on_launch: Callable[[dict], None] | None = None) -> dict:
+        launches: int = 1, on_launch: Callable[[dict], None] | None = None,
+        versus: list[tuple[str, str]] = ()) -> dict:
     """One engine on one device (SP = 1: ``ab-engine`` covers SP > 1, one candidate per launch).
     ``launches`` = 1 runs in this process; more start one fresh process per launch (new weights,
     new compilation, new allocator), and every arm is judged over the launches. ``on_launch`` gets
@@ -108,6 +135,7 @@ def run(cfg: HarnessConfig, arms: dict[str, list[str]], rounds: int, chunks: int
     shape = (16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)
     out["arms"] = {name: {"candidates": specs, "switches": plans[name].switches,
                           **_judge_arm(plans[name], runs, name, steady, shape)} for name, specs in arms.items()}
+    out["versus"] = {f"{b}/{a}": judge_versus(runs, b, a, steady, out["arms"]) for b, a in versus}
     return out
 
 
@@ -189,6 +217,10 @@ def _print(out: dict) -> None:
         if r := a.get("ratio") or a.get("within_launch"):
             line += f"; {ratio_columns(a, r)}" + ("" if a.get("ratio") else " within one launch")
         print(line + f"; {a['verdict']}")
+    for pair, v in out.get("versus", {}).items():
+        r = v.get("ratio") or v.get("within_launch")
+        cols = f"{ratio_columns(v, r)}" + ("" if v.get("ratio") else " within one launch") + "; " if r else ""
+        print(f"  {pair}: {cols}{v['verdict']}" + ("" if r else f" — {v['reason']}"))
     for name, r in out.get("rates", {}).items():
         mfu = f", {r['mfu_bf16']:.1%} of bf16 peak" if r["mfu_bf16"] else ""
         print(f"  {name}: steady {r['steady_ms']:.1f} ms, {r['tflops_bf16_equiv']:.1f} bf16-equivalent TFLOP/s{mfu}")
@@ -200,6 +232,7 @@ def _print(out: dict) -> None:
 def main(args) -> int:
     """``python -m harness ab-arms``: every option checked, every arm resolved, before the engine is built."""
     arms = parse_arms(args.arm)
+    versus = parse_versus(args.versus, arms)
     if args.rounds < 1 or (args.chunks is not None and args.chunks < 1):
         raise HarnessError("--rounds and --chunks must be ≥ 1")
     if args.launches < 1:
@@ -214,7 +247,8 @@ def main(args) -> int:
         raise HarnessError("--device cuda but no CUDA device is visible")
     check_backend(cfg.runtime.attention, cfg.runtime.device)  # the baseline's, e.g. one set with --set
     partial = (lambda rec: write_result(args.json, rec)) if args.json else None
-    out = run(cfg, arms, args.rounds, args.chunks or cfg.video.chunks_per_session, args.kernels, args.launches, partial)
+    out = run(cfg, arms, args.rounds, args.chunks or cfg.video.chunks_per_session, args.kernels, args.launches, partial,
+              versus)
     if args.json:  # the judged arms are on disk before the rates' FLOP count and peak can fail
         write_result(args.json, {**out, "complete": False})
     add_rates(out, cfg, torch.device("cuda:0" if cfg.runtime.device == "cuda" else "cpu"))

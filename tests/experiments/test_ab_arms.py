@@ -45,6 +45,9 @@ def test_round_order_rotates_every_arm_through_every_slot():
     (["--arm", "c=H2a", "--json", "no-such-folder/x.json"], "its folder does not exist"),
     (["--arm", "c=H2a", "--launches", "0"], "--launches must be ≥ 1"),
     (["--arm", "c=H2a", "--set", "runtime.attention=fa3"], "runtime.attention=fa3: FlashAttention-3"),
+    (["--arm", "c=H2a", "--versus", "c/best"], "no arm named 'best'"),
+    (["--arm", "c=H2a", "--versus", "c/c"], "two different arm names"),
+    (["--arm", "c=H2a", "--versus", "c"], "expected ARM/ARM"),
 ])
 def test_refusals_are_one_line_and_build_nothing(argv, why, capsys, monkeypatch):
     def no_engine(*a, **k):
@@ -82,7 +85,8 @@ def test_tiny_run_exact_arm_passes_against_shared_baseline(tmp_path, capsys):
 
 def test_launches_give_each_arm_a_verdict_over_fresh_processes(tmp_path, capsys):
     out = tmp_path / "arms.json"
-    argv = ["ab-arms", "--device", "cpu", "--arm", "cam=H2a", "--rounds", "1", "--chunks", "6", "--launches", "2"]
+    argv = ["ab-arms", "--device", "cpu", "--arm", "cam=H2a", "--arm", "cam2=H2a", "--rounds", "1", "--chunks", "6",
+            "--launches", "2", "--versus", "cam2/cam"]
     assert main([*argv, "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     arm = res["arms"]["cam"]
@@ -91,7 +95,20 @@ def test_launches_give_each_arm_a_verdict_over_fresh_processes(tmp_path, capsys)
     # the gate covers every chunk of both launches, and the interval is taken over the launches
     assert arm["gate"]["compared"] == 12 and arm["gate"]["passed"]
     assert arm["launches"] == 2 and arm["ratio"] is not None and "one launch" not in arm["reason"]
-    assert "2 launches × 1 rounds" in capsys.readouterr().out
+    # one arm against another: the same launch-level judgement, its columns the two arms' own medians
+    v = res["versus"]["cam2/cam"]
+    assert v["launches"] == 2 and v["ratio"] is not None
+    assert v["baseline_ms"] == arm["candidate_ms"] and v["candidate_ms"] == res["arms"]["cam2"]["candidate_ms"]
+    printed = capsys.readouterr().out
+    assert "2 launches × 1 rounds" in printed and "cam2/cam: " in printed
+
+
+def test_versus_gives_no_verdict_when_either_arm_failed_its_gate():
+    runs = [{"times": {"A": [[10.0] * 6], "x": [[9.0] * 6], "y": [[8.0] * 6]}}] * 2
+    arms = {"x": {"gate": {"passed": True}}, "y": {"gate": {"passed": False}}}
+    v = ab_arms.judge_versus(runs, "y", "x", 3, arms)
+    assert v["verdict"] == "no verdict" and "y failed its gate" in v["reason"]
+    assert ab_arms.judge_versus(runs, "x", "A", 3, arms)["candidate_ms"] == pytest.approx(9.0)
 
 
 def test_a_launch_that_fails_leaves_the_launches_before_it_on_disk(tmp_path, monkeypatch):
