@@ -81,7 +81,9 @@ def test_fp16_in_whole_chunk_steps_passes_the_pixel_gate_against_the_one_frame_f
     for m in _metrics(runs["fp32"], runs["fp16-chunk"]):
         assert not pixel_passes(m), m
         assert m["rmse"] > 0
-    assert not np.array_equal(runs["fp16-chunk"][1], runs["fp16"][1])  # the schedule did change the sums
+    # Not asserted: that the whole-chunk sums differ bitwise from the one-frame ones. Whether they do is
+    # the CPU convolution algorithm's choice (equal on some 2-core machines, different on others); the
+    # schedule itself is what the steps above assert.
 
 
 def test_tf32_off_is_fp32_and_bit_identical_where_there_is_no_tf32(runs):
