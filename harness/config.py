@@ -151,6 +151,12 @@ class RuntimeConfig(_Section):
     kv_path: Literal["gather", "paged"] = "gather"
     #: where a session's KV blocks lie in the pool: "window" keeps them contiguous, so "gather" reads in place (H1c)
     kv_layout: Literal["paged", "window"] = "paged"
+    #: where the attention cores leave their results: "fresh" (a new tensor per call) or "static"
+    #: (one persistent buffer per role, read in place by the CUDA graphs: no input copies, H1d)
+    attention_out: Literal["fresh", "static"] = "fresh"
+    #: who writes a chunk's K/V into the window layout's slot: "copy" (the attention core) or
+    #: "append" (the attention kernel itself, where it has an appending form: FA3, H1e)
+    kv_write: Literal["copy", "append"] = "copy"
     ring_slots: int = 4
     queue_depth: int = 2
     encoder: str = "pyav"

@@ -18,12 +18,26 @@ A forward's pick of the two is one typed record, ``AttentionChoice``.
 
 Token-major tensors (S, H, D) are what the model and the cache hold; the dense kernels get
 (1, H, S, D) *views* of them (the BSHD memory layout flash/cuDNN read natively), never copies.
+
+Where an attention result goes (``OutputBuffers``, H1d): by default every call allocates it. The
+attention cores run between compiled graphs, so under CUDA graphs each result is a new address
+that the next graph must first copy into its own input (cudagraph trees' input copies, ≈ 27 ms of
+a 480×832 chunk on an H200). With output buffers each role's result always lands in one persistent
+tensor marked as a static address, which the graphs read in place: a kernel that takes ``out=``
+(``WRITES_INTO``: FA3 bf16) writes it there, any other result is copied there (the copy moves out
+of the graph, it does not go away).
+
+Who writes the chunk's K/V into the cache (H1e): by default the attention core copies them into
+the window layout's slot (``kvcache.write``, ≈ 18 ms of copy kernels a 480×832 chunk) and the
+kernel then reads them back. A dense kernel with an appending form (``APPEND_KV``: FA3's append-KV)
+writes them itself, inside the attention kernel, and the copy goes.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -54,8 +68,23 @@ for _name, _backend in [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBack
     DENSE[_name] = DENSE[f"sdpa-{_name}"] = _sdpa(_backend)
 
 
-def register_dense(name: str, fn: DenseFn) -> None:
+#: dense kernels that take ``out=`` (a (1, H, Sq, D) view) and return it, written
+WRITES_INTO: set[str] = set()
+
+#: (q (Sq, H, D), k, v (S, H, D) the visible span, k_new, v_new (n, H, D), kept (1,) int32 on the
+#: device = S − n, *, out=None (Sq, H, D)) → (Sq, H, D): the kernel writes k_new, v_new into the
+#: span's last n tokens and attends over all of it
+AppendFn = Callable[..., Tensor]
+#: dense kernel name → its appending form (H1e): the chunk's K/V written by the attention kernel
+APPEND_KV: dict[str, AppendFn] = {}
+
+
+def register_dense(name: str, fn: DenseFn, *, writes_into: bool = False) -> None:
     DENSE[name] = fn
+    if writes_into:
+        WRITES_INTO.add(name)
+    else:
+        WRITES_INTO.discard(name)
 
 
 def dense(name: str) -> DenseFn:
@@ -200,6 +229,71 @@ class AttentionChoice:
     def kernels(self) -> tuple[KvPathFn, DenseFn]:
         return kv_path(self.kv_path), dense(self.dense)
 
+    @property
+    def writes_into(self) -> bool:
+        """Whether the dense kernel takes ``out=`` (``WRITES_INTO``)."""
+        return self.dense in WRITES_INTO
+
+    def appender(self, kv_fn: KvPathFn) -> AppendFn | None:
+        """The dense kernel's appending form (``APPEND_KV``) where this choice can use one: on the
+        gather path, and not while a hook wraps the KV paths (it must see the chunk's K/V go in)."""
+        if self.kv_path != "gather" or getattr(kv_fn, "_capture_of", None) is not None:
+            return None
+        return APPEND_KV.get(self.dense)
+
+
+class OutputSlot(NamedTuple):
+    """A role's persistent result: ``rows`` (S, H, D), what kernels write, and ``flat``, its
+    (S, H·D) view marked as a static address, what the compiled code after the core reads. Handing
+    on the flat view keeps the graphs that read a buffer apart from those that read fresh (S, H, D)
+    results (dynamo's guards see the rank), so both can live in one process, each compiled with the
+    inputs it gets."""
+
+    rows: Tensor
+    flat: Tensor
+
+
+class OutputBuffers:
+    """One persistent result per (attention role, shape, dtype, device), see the module docstring.
+    A role's slot holds one result at a time: the compiled code after the attention core consumes
+    it before that role runs again, in stream order."""
+
+    def __init__(self) -> None:
+        self._slots: dict[tuple, OutputSlot] = {}
+
+    def take(self, role: str, like: Tensor) -> OutputSlot:
+        """The role's slot for results shaped like ``like`` (S, H, D)."""
+        key = (role, tuple(like.shape), like.dtype, like.device)
+        slot = self._slots.get(key)
+        if slot is None:
+            from torch._dynamo import mark_static_address  # dynamo only where buffers are used
+
+            rows = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+            flat = rows.view(rows.shape[0], -1)
+            mark_static_address(flat)
+            slot = self._slots[key] = OutputSlot(rows, flat)
+        return slot
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+
+def writing_into(attend: DenseFn, slot: OutputSlot) -> DenseFn:
+    """``attend`` (a ``WRITES_INTO`` kernel) with its result written into the slot."""
+    fn = functools.partial(attend, out=_bhsd(slot.rows))
+    name = getattr(attend, "_capture_name", None)  # what the capture hook records the kernel as
+    if name is not None:
+        fn._capture_name = name  # type: ignore[attr-defined]
+    return fn
+
+
+def settle(result: Tensor, slot: OutputSlot) -> Tensor:
+    """The slot holding ``result`` (S, H, D), as its flat view: left as it is when the kernel wrote
+    there, copied in otherwise."""
+    if result.data_ptr() != slot.rows.data_ptr():
+        slot.rows.copy_(result)
+    return slot.flat
+
 
 def cross_attention(q: Tensor, k: Tensor, v: Tensor, *, attend: DenseFn) -> Tensor:
     """q (Sq, H, D) over cached text K/V already in (1, H, L, D) layout → (Sq, H, D)."""
@@ -207,7 +301,9 @@ def cross_attention(q: Tensor, k: Tensor, v: Tensor, *, attend: DenseFn) -> Tens
 
 
 def _register_fa3() -> None:
-    DENSE.update(fa3.DENSE)
+    for name, fn in fa3.DENSE.items():
+        register_dense(name, fn, writes_into=name in fa3.WRITES_INTO)
+    APPEND_KV.update(fa3.APPEND_KV)
     PARTIALS["fa3"] = fa3.fa3_partial
     # FA3's FP8 numerics emulated on any device (the CPU stand-in of fa3-fp8 and of H6d)
     DENSE["fp8-emulated"] = kv_fp8.fp8_emulated_dense

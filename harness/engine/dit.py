@@ -25,6 +25,7 @@ in fp32 for the scheduler.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 import torch
@@ -33,7 +34,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from harness.config import ModelConfig
-from harness.engine.attention import AttentionChoice, DenseFn, KvPathFn, cross_attention
+from harness.engine.attention import (AppendFn, AttentionChoice, DenseFn, KvPathFn, OutputBuffers, cross_attention,
+                                      settle, writing_into)
 from harness.engine.groups import RankGroup
 from harness.engine.kvcache import PagedKVCache, SessionKV
 from harness.engine.ulysses import gather_tokens, heads_to_seq, seq_to_heads
@@ -196,6 +198,13 @@ class ForwardContext:
     group_blocks: int  # blocks per step of the paged KV path
     kv_fn: KvPathFn | None = None  # resolved from the model's AttentionChoice at each forward
     attend: DenseFn | None = None
+    attend_writes_into: bool = False  # ``attend`` takes out= (attention.WRITES_INTO)
+    #: the dense kernel's appending form when the chunk's K/V are to be written by it (H1e), else None
+    append: AppendFn | None = None
+    #: "append": the attention kernel writes the chunk's K/V where it can (H1e); "copy"
+    kv_write: str = "copy"
+    #: where the attention cores leave their results (H1d); None: a new tensor every call
+    outputs: OutputBuffers | None = None
     #: Where each block's camera (scale, shift) comes from in this chunk's forwards (one object
     #: per chunk, made by ``DitEngine.camera_modulation``).
     camera: CameraModulation = field(default_factory=CameraModulation)
@@ -288,23 +297,37 @@ class CrossAttention(_Attention):
 # in traced code: dynamo would specialise on the int and compile every layer separately.
 @torch.compiler.disable
 def attend_cache(attn: SelfAttention, q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext) -> Tensor:
-    """Chunk q/k/v (n_local, H, D) → attention output (n_local, H, D) over cache + chunk."""
+    """Chunk q/k/v (n_local, H, D) → attention output (n_local, H, D) over cache + chunk (with
+    output buffers, H1d: the role's persistent (n_local, H·D) view holding it)."""
     layer = attn.layer
+    out = None if ctx.outputs is None else ctx.outputs.take("self_attention", q)
     if ctx.group.active:
         q, k, v = seq_to_heads((q, k, v), ctx.group)
-    ctx.cache.write(layer, ctx.kv, k, v)
-    with hctx.phase(role="self_attention"):
-        o = ctx.cache.attend(layer, ctx.kv, q, ctx.kv_fn, attend=ctx.attend, group_blocks=ctx.group_blocks)
-    return heads_to_seq(o, ctx.group)
+    into = out is not None and not ctx.group.active  # SP: the all-to-all allocates the result
+    if ctx.append is not None and ctx.cache.can_append(ctx.kv):
+        append = functools.partial(ctx.append, out=out.rows) if into and ctx.attend_writes_into else ctx.append
+        with hctx.phase(role="self_attention"):
+            o = ctx.cache.attend_appending(layer, ctx.kv, q, k, v, append=append)
+    else:
+        ctx.cache.write(layer, ctx.kv, k, v)
+        attend = writing_into(ctx.attend, out) if into and ctx.attend_writes_into else ctx.attend
+        with hctx.phase(role="self_attention"):
+            o = ctx.cache.attend(layer, ctx.kv, q, ctx.kv_fn, attend=attend, group_blocks=ctx.group_blocks)
+    o = heads_to_seq(o, ctx.group)
+    return o if out is None else settle(o, out)
 
 
 @torch.compiler.disable
 def attend_text(attn: CrossAttention, q: Tensor, ctx: ForwardContext) -> Tensor:
     """The rank's own queries (n_local, H, D), every head, over the session's cached text K/V:
-    sequence-local, so no collective (see the module docstring)."""
+    sequence-local, so no collective (see the module docstring). Returns what ``attend_cache``
+    returns."""
     k, v = ctx.text_kv[attn.layer]
+    out = None if ctx.outputs is None else ctx.outputs.take("cross_attention", q)
+    attend = writing_into(ctx.attend, out) if out is not None and ctx.attend_writes_into else ctx.attend
     with hctx.phase(role="cross_attention"):
-        return cross_attention(q, k, v, attend=ctx.attend)
+        o = cross_attention(q, k, v, attend=attend)
+    return o if out is None else settle(o, out)
 
 
 class Block(nn.Module):
@@ -403,6 +426,8 @@ class WanDiT(nn.Module):
         """x_in (36, F, H, W) full chunk on every rank; t_freq (F, freq_dim) sinusoids per frame;
         cam (n_local, 384·4). Returns the velocity (16, F, H, W) in fp32, identical on every rank."""
         ctx.kv_fn, ctx.attend = self.attention_choice.kernels()
+        ctx.attend_writes_into = self.attention_choice.writes_into
+        ctx.append = self.attention_choice.appender(ctx.kv_fn) if ctx.kv_write == "append" else None
         lay, dtype = ctx.layout, self.patch_embedding.weight.dtype
         x = self.patch_embedding(x_in.to(dtype).unsqueeze(0)).flatten(2)[0]  # (dim, N)
         x = x[:, lay.start : lay.end].t().float().contiguous()  # the residual stream is fp32 (see the top)

@@ -47,7 +47,7 @@ from torch._dynamo.utils import counters, get_compilation_metrics
 
 from harness.config import LATENT_CHANNELS, HarnessConfig
 from harness.engine import camera, schedule
-from harness.engine.attention import AttentionChoice
+from harness.engine.attention import AttentionChoice, OutputBuffers
 from harness.engine.conditions import (ImageCondition, SessionConditions, image_condition, model_input, session_image,
                                        session_text_embedding)
 from harness.engine.dit import CameraModulation, ForwardContext, RopeTables, TokenLayout, WanDiT, build_model, sinusoidal
@@ -108,6 +108,12 @@ class DitEngine:
         self.attention_choice = AttentionChoice(kv_path=cfg.runtime.kv_path, dense=cfg.runtime.attention)
         #: where a new session's KV blocks go (kvcache.LAYOUTS); read when a session opens
         self.kv_layout = cfg.runtime.kv_layout
+        #: where the attention cores leave their results (attention.OutputBuffers, H1d); read per chunk
+        self.outputs: OutputBuffers | None = None
+        #: who writes the chunk's K/V into the cache: "copy" (the attention core) or "append" (the
+        #: attention kernel, where it has an appending form: H1e); read per chunk
+        self.kv_write = cfg.runtime.kv_write
+        self.attention_out = cfg.runtime.attention_out
 
         self.cache = PagedKVCache.from_config(cfg, sp=group.size, dtype=self.dtype, device=self.device)
         self.layout = TokenLayout(self.frames, cfg.tokens_per_frame, *token_range(cfg.tokens_per_chunk, group))
@@ -159,6 +165,19 @@ class DitEngine:
     @attention.setter
     def attention(self, name: str) -> None:
         self.attention_choice = replace(self.attention_choice, dense=name)
+
+    @property
+    def attention_out(self) -> str:
+        """Where the attention cores leave their results: "static" in ``self.outputs`` (H1d), or
+        "fresh" tensors."""
+        return "fresh" if self.outputs is None else "static"
+
+    @attention_out.setter
+    def attention_out(self, how: str) -> None:
+        if how not in ("fresh", "static"):
+            raise HarnessError(f"attention_out must be fresh or static, got {how!r}")
+        if how != self.attention_out:
+            self.outputs = OutputBuffers() if how == "static" else None
 
     def attention_description(self) -> str:
         layout = "" if self.kv_layout == "paged" else f"{self.kv_layout}:"
@@ -265,7 +284,7 @@ class DitEngine:
         session.kv_tokens.append(self.cache.visible_tokens(session.kv))
         ctx = ForwardContext(group=self.group, layout=self.layout, grid=self.grid, rope=self.rope.for_chunk(first),
                              cache=self.cache, kv=session.kv, text_kv=session.text_kv, group_blocks=self.group_blocks,
-                             camera=self.camera_modulation())
+                             camera=self.camera_modulation(), outputs=self.outputs, kv_write=self.kv_write)
         if self.hooks:
             self._emit("chunk_start", session=session.sid, chunk=session.chunk, kv_tokens=session.kv_tokens[-1])
 

@@ -129,9 +129,46 @@ def prepare_fp8(q: Tensor, k: Tensor, v: Tensor, smoothed: bool):
 
 
 # ---- dense backends: (1, H, S, D) views in, (1, H, Sq, D) out -------------------------------------
-def fa3_bf16(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def fa3_bf16(q: Tensor, k: Tensor, v: Tensor, *, out: Tensor | None = None) -> Tensor:
+    """``out``: a (1, H, Sq, D) view of token-major storage the kernel writes into (see
+    ``attention.OutputBuffers``); returned as the result."""
     fa = _require(q)
-    return fa.flash_attn_func(_bshd(q), _bshd(k), _bshd(v)).transpose(1, 2)
+    if out is None:
+        return fa.flash_attn_func(_bshd(q), _bshd(k), _bshd(v)).transpose(1, 2)
+    return _forward_into(fa, _bshd(q), _bshd(k), _bshd(v), _bshd(out)).transpose(1, 2)
+
+
+def _forward_into(fa, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> Tensor:
+    """The kernel ``flash_attn_func`` runs, with the same arguments, writing into ``out``
+    (1, Sq, H, D)."""
+    return _fwd(fa, q, k, v, out=out)
+
+
+def _fwd(fa, q: Tensor, k: Tensor, v: Tensor, *, out: Tensor | None = None, k_new: Tensor | None = None,
+         v_new: Tensor | None = None, seqused_k: Tensor | None = None) -> Tensor:
+    """The wheel's forward op on (1, S, H, D) tensors, with ``flash_attn_func``'s defaults. The
+    registered op is called directly: the wheel's Python wrapper is a custom op whose checker
+    refuses an output that aliases an input, which a given ``out`` always does."""
+    q, k, k_new, v_new = (fa.maybe_contiguous(x) for x in (q, k, k_new, v_new))
+    v = v.contiguous() if v.stride(-1) != 1 and v.stride(-3) != 1 else v
+    result = fa.fa3_fwd_cuda.fwd(
+        q, k, v, k_new, v_new, None, out,
+        None, None, None, None, seqused_k,  # cu_seqlens q/k/k_new, seqused q/k
+        None, None, None, None, None, None, None, None,  # max_seqlen q/k, page table, kv batch, left pad, rotary
+        None, None, None,  # q/k/v descales
+        q.shape[-1] ** -0.5, False, -1, -1, 0, 0.0, True, None, 1, None, 0)
+    return result[0]
+
+
+def fa3_bf16_append(q: Tensor, k: Tensor, v: Tensor, k_new: Tensor, v_new: Tensor, kept: Tensor, *,
+                    out: Tensor | None = None) -> Tensor:
+    """Token-major q (Sq, H, D) over the visible span k, v (S, H, D), whose last tokens the kernel
+    first fills with k_new, v_new (n, H, D) — FA3's append-KV, fused into the attention kernel;
+    ``kept`` (1,) int32 on the device = S − n. → (Sq, H, D), written into ``out`` when given."""
+    fa = _require(q)
+    o = _fwd(fa, q[None], k[None], v[None], k_new=k_new[None], v_new=v_new[None], seqused_k=kept,
+             out=None if out is None else out[None])
+    return o[0]
 
 
 def fa3_fp8(q: Tensor, k: Tensor, v: Tensor, *, smoothed: bool = False) -> Tensor:
@@ -157,3 +194,7 @@ def fa3_partial(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
 
 #: name → dense kernel, registered into ``attention.DENSE`` by that module.
 DENSE = {"fa3": fa3_bf16, "fa3-fp8": fa3_fp8, "fa3-fp8-smooth": fa3_fp8_smooth}
+#: the kernels above that take ``out=`` and write their result into it
+WRITES_INTO = frozenset({"fa3"})
+#: name → the same kernel writing the chunk's K/V into the cache itself (``attention.APPEND_KV``)
+APPEND_KV = {"fa3": fa3_bf16_append}

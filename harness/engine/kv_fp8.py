@@ -101,6 +101,8 @@ def _rows(pool: Tensor, ids: Tensor | slice) -> Tensor:
 class Fp8KVCache(PagedKVCache):
     """``PagedKVCache`` with e4m3 pools and per-(session, layer, head) scales (module docstring)."""
 
+    appends = False  # its pools hold e4m3 with per-head scales: only its own write may fill them
+
     def __init__(self, *, kernel: str, **geometry):
         if kernel not in KERNELS:
             raise HarnessError(f"unknown FP8 KV kernel {kernel!r} (known: {', '.join(KERNELS)})")

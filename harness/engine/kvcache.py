@@ -54,14 +54,17 @@ class SessionKV:
     visible_span: slice | None = None
     #: window layout: the chunk in flight's blocks as a slice (the pool write is a plain copy)
     current_span: slice | None = None
+    #: window layout: (1,) int32 on the device, the visible tokens before the chunk in flight —
+    #: the cache length a kernel that appends the chunk's K/V itself is given (H1e)
+    kept_tokens: Tensor | None = None
 
     @property
     def blocks(self) -> int:
         return sum(len(b) for b in self.frames.values())
 
 
-def _to_device(ids: list[int], device: torch.device) -> Tensor:
-    t = torch.tensor(ids, dtype=torch.long)
+def _to_device(ids: list[int], device: torch.device, dtype: torch.dtype = torch.long) -> Tensor:
+    t = torch.tensor(ids, dtype=dtype)
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
@@ -72,6 +75,10 @@ LAYOUTS = ("paged", "window")
 
 
 class PagedKVCache:
+    #: whether a kernel may write the pools itself (``attend_appending``); a cache that stores
+    #: something else than the K/V it is given (FP8) says no
+    appends = True
+
     def __init__(self, *, num_layers: int, local_heads: int, head_dim: int, block_size: int, tokens_per_frame: int,
                  sink_frames: int, window_frames: int, max_sessions: int, dtype: torch.dtype, device: torch.device):
         if tokens_per_frame % block_size:
@@ -143,6 +150,7 @@ class PagedKVCache:
             s.visible_span = slice(s.slot, s.slot + len(visible))
             first = s.frames[s.pending[0]][0]
             s.current_span = slice(first, first + len(s.pending) * self.blocks_per_frame)
+            s.kept_tokens = _to_device([(first - s.slot) * self.block_size], self.device, torch.int32)
 
     def _begin_paged_chunk(self, s: SessionKV, frames: int, recent: int) -> None:
         for f in s.pending:  # a chunk that never committed (cancelled mid-chunk) is dropped
@@ -212,7 +220,7 @@ class PagedKVCache:
                 self._release(blocks)
         s.frames.clear()
         s.pending = []
-        s.visible_ids = s.current_ids = s.visible_span = s.current_span = None
+        s.visible_ids = s.current_ids = s.visible_span = s.current_span = s.kept_tokens = None
         s.visible_blocks = 0
         s.closed = True
         self._sessions.pop(s.sid, None)
@@ -236,6 +244,18 @@ class PagedKVCache:
         """Self-attention of the chunk's queries over the session's visible K/V through a KV path
         (``attention.KV_PATHS``); an FP8 cache (``kv_fp8``) reads its pools its own way."""
         return kv_fn(q, self.k[layer], self.v[layer], self.visible(s), attend=attend, group_blocks=group_blocks)
+
+    def can_append(self, s: SessionKV) -> bool:
+        """Whether a kernel may write the chunk's K/V itself (``attend_appending``): the window
+        layout, whose chunk in flight is the tail of the visible span, in a cache of plain pools."""
+        return self.appends and s.visible_span is not None
+
+    def attend_appending(self, layer: int, s: SessionKV, q: Tensor, k: Tensor, v: Tensor, *, append) -> Tensor:
+        """``write`` and ``attend`` in one kernel call (H1e): ``append`` (``attention.APPEND_KV``)
+        writes the chunk's k, v (tokens, H, D) behind the session's kept tokens and attends over
+        the whole visible span, so no copy kernel writes them."""
+        return append(q, self.k[layer][s.visible_span].flatten(0, 1), self.v[layer][s.visible_span].flatten(0, 1),
+                      k, v, s.kept_tokens)
 
     def visible(self, s: SessionKV) -> Tensor | slice:
         """What a KV path reads the session's visible blocks through: a slice of the pool (a view)

@@ -220,11 +220,11 @@ class CaptureRecorder(TorchFunctionMode):
             self._busy = False
 
     def _wrap_dense(self, name: str, fn: Callable) -> Callable:
-        def capture_dense(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        def capture_dense(q: Tensor, k: Tensor, v: Tensor, **kw: Any) -> Tensor:
             # self-attention reaches the dense kernel through a KV path, which captured it already
             if not self._busy and context.current().role == "cross_attention":
                 self._guarded(self._on_cross, name, q, k, v)
-            return fn(q, k, v)
+            return fn(q, k, v, **kw)  # out= of a kernel that writes into a buffer (H1d)
 
         capture_dense._capture_of = fn  # type: ignore[attr-defined]
         capture_dense._capture_name = name  # type: ignore[attr-defined]

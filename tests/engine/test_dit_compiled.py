@@ -1,7 +1,9 @@
 """``--mode compiled`` on the tiny DiT (CPU inductor): within the threshold gate of eager over a
 session that saturates and evicts the KV window, and nothing recompiles after the first chunk —
 the K length grows from chunk to chunk, but it never reaches a compiled graph. The camera cache
-(H2a) stays exact in compiled mode: the block graph is the same with and without it."""
+(H2a) stays exact in compiled mode: the block graph is the same with and without it. Attention
+results in static buffers (H1d) are exact too: their (S, H·D) hand-over compiles the code after
+each attention core once more, and then both kinds of graph live side by side."""
 
 from __future__ import annotations
 
@@ -45,6 +47,12 @@ def runs():
     EnginePatches(["H2a"]).apply(dit=compiled)
     out["compiled_h2a"] = _sessions(compiled)
     out["stats_after_h2a"] = compiled.compile_stats()
+    compiled.attention_out = "static"  # H1d, in the same process as fresh results (as ab-engine runs it)
+    out["compiled_h1d"] = _sessions(compiled)
+    out["stats_after_h1d"] = compiled.compile_stats()
+    compiled.attention_out = "fresh"
+    out["compiled_fresh_again"] = _sessions(compiled)
+    out["stats_fresh_again"] = compiled.compile_stats()
     return out
 
 
@@ -84,3 +92,16 @@ def test_camera_cache_is_exact_in_compiled_mode_and_compiles_nothing_new(runs):
         assert a.tobytes() == b.tobytes(), f"chunk {c} differs"
     assert runs["stats_after_h2a"]["frames"] == runs["stats"]["frames"]
     assert runs["stats_after_h2a"]["recompiles"] == 0
+
+
+def test_static_attention_out_is_exact_and_compiles_once(runs):
+    for c, (a, b, again) in enumerate(zip(runs["compiled_h2a"], runs["compiled_h1d"], runs["compiled_fresh_again"])):
+        assert a.tobytes() == b.tobytes() == again.tobytes(), f"chunk {c} differs"
+    before, h1d, again = runs["stats_after_h2a"], runs["stats_after_h1d"], runs["stats_fresh_again"]
+    chunks = sum(n for _, n in SESSIONS)
+    new = h1d["compiles_per_chunk"][-chunks:]
+    # the two graphs after the attention cores, for the flat hand-over, in the first chunk only
+    assert new[0] > 0 and new[1:] == [0] * (chunks - 1), new
+    assert h1d["frames"] > before["frames"]
+    # back to fresh results: the first graphs still match, nothing compiles
+    assert again["frames"] == h1d["frames"] and again["compiles_per_chunk"][-chunks:] == [0] * chunks

@@ -40,6 +40,42 @@ def test_fa3_bf16_matches_float64_and_sdpa():
     assert _rel(o, A.dense("sdpa")(q, k, v)) < 0.01
 
 
+def test_fa3_writes_into_a_given_buffer_bit_identically():
+    """H1d's in-place write: the same kernel with the same arguments as flash_attn_func, so the
+    same bytes, in the buffer it was given (token-major storage, a (1, H, Sq, D) view)."""
+    q, k, v = _qkv()
+    assert "fa3" in A.WRITES_INTO and A.AttentionChoice(dense="fa3").writes_into
+    slot = A.OutputBuffers().take("self_attention", q[0].transpose(0, 1))
+    o = A.writing_into(A.dense("fa3"), slot)(q, k, v)
+    assert o.data_ptr() == slot.rows.data_ptr()
+    assert torch.equal(o, A.dense("fa3")(q, k, v))
+    assert torch.equal(A.settle(A._shd(o), slot), A.dense("fa3")(q, k, v)[0].transpose(0, 1).reshape(q.shape[2], -1))
+
+
+def test_fa3_append_kv_fills_the_span_and_attends_over_it():
+    """H1e's kernel: given the visible span whose tail is the chunk's, it writes the chunk's K/V
+    there (bit for bit what the copy writes, V strided as the engine's split leaves it) and attends
+    over the span. Whether its result is the plain kernel's bytes is printed; it is bounded."""
+    sq, kept, h, d = 1024, 3072, 8, 128
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(sq, h, d, generator=g, device="cuda").to(torch.bfloat16)
+    kv = torch.randn(sq, 2 * h * d, generator=g, device="cuda").to(torch.bfloat16)
+    k_new, v_new = (x.view(sq, h, d) for x in kv.split(h * d, dim=-1))  # strided rows, as in the engine
+    span = [torch.randn(kept + sq, h, d, generator=g, device="cuda").to(torch.bfloat16) for _ in range(2)]
+    copied = [x.clone() for x in span]
+    copied[0][kept:].copy_(k_new)
+    copied[1][kept:].copy_(v_new)
+    kept_t = torch.tensor([kept], dtype=torch.int32, device="cuda")
+    o = fa3.fa3_bf16_append(q, span[0], span[1], k_new, v_new, kept_t)
+    assert torch.equal(span[0], copied[0]) and torch.equal(span[1], copied[1])
+    plain = A._shd(A.dense("fa3")(*(A._bhsd(x) for x in (q, *copied))))
+    print(f"append vs plain FA3: bit-identical {torch.equal(o, plain)}, rel-L2 {_rel(o, plain):.2e}")
+    assert _rel(o, plain) < 1e-3
+    out = torch.empty_like(q)
+    again = fa3.fa3_bf16_append(q, span[0], span[1], k_new, v_new, kept_t, out=out)
+    assert again.data_ptr() == out.data_ptr() and torch.equal(again, o)
+
+
 def test_fa3_partial_lse_and_paged_walk():
     q, k, v = _qkv(sq=256, sk=1024)
     o, lse = fa3.fa3_partial(q, k, v)
