@@ -135,13 +135,7 @@ def fa3_bf16(q: Tensor, k: Tensor, v: Tensor, *, out: Tensor | None = None) -> T
     fa = _require(q)
     if out is None:
         return fa.flash_attn_func(_bshd(q), _bshd(k), _bshd(v)).transpose(1, 2)
-    return _forward_into(fa, _bshd(q), _bshd(k), _bshd(v), _bshd(out)).transpose(1, 2)
-
-
-def _forward_into(fa, q: Tensor, k: Tensor, v: Tensor, out: Tensor) -> Tensor:
-    """The kernel ``flash_attn_func`` runs, with the same arguments, writing into ``out``
-    (1, Sq, H, D)."""
-    return _fwd(fa, q, k, v, out=out)
+    return _fwd(fa, _bshd(q), _bshd(k), _bshd(v), out=_bshd(out)).transpose(1, 2)
 
 
 def _fwd(fa, q: Tensor, k: Tensor, v: Tensor, *, out: Tensor | None = None, k_new: Tensor | None = None,
