@@ -157,6 +157,10 @@ class RuntimeConfig(_Section):
     #: who writes a chunk's K/V into the window layout's slot: "copy" (the attention core) or
     #: "append" (the attention kernel itself, where it has an appending form: FA3, H1e)
     kv_write: Literal["copy", "append"] = "copy"
+    #: when a chunk's commit pass (the 5th forward, writing its final K/V) runs: "inline", before
+    #: its latent is returned, or "deferred" to the DiT's next call, so the latent leaves one
+    #: forward sooner (H5b; engine/dit_engine.py)
+    commit: Literal["inline", "deferred"] = "inline"
     ring_slots: int = 4
     queue_depth: int = 2
     encoder: str = "pyav"

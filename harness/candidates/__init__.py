@@ -37,6 +37,7 @@ MODULES: dict[str, str] = {
     "H4a": "h4a_fused_output",
     "H4b": "h4b_pinned_d2h",
     "H5a": "h5a_decode_overlap",
+    "H5b": "h5b_deferred_commit",
     "H6a": "h6a_fp8_linear",
     "H6b": "h6b_fp8_attention",
     "H6c": "h6c_fp8_both",

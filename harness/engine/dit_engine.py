@@ -27,6 +27,14 @@ under CUDA graphs each (layer, fragment) position is recorded once, in the secon
 replayed after. A chunk is one cudagraph "generation" (``cudagraph_mark_step_begin``): tensors of
 the chunk's forwards (the H2a camera cache) stay valid through the chunk.
 Inductor runs with ``emulate_precision_casts`` so fused elementwise code rounds where eager rounds.
+
+The commit pass (``runtime.commit``): "inline" runs it before ``generate_chunk`` returns the
+chunk's latent; "deferred" (H5b) returns the latent after the 4 denoising passes and runs the commit
+at the engine's next call (``settle``) — the session's next chunk, another session's chunk or a new
+session — so a chunk's latent reaches the decoder one forward sooner and a session's last commit,
+which no chunk reads, never runs. The engine's sequence of forwards, and so every value, is the
+same; the commit still belongs to its own chunk's CUDA-graph generation (it runs before the next
+``cudagraph_mark_step_begin``), and a session that ends drops its pending commit with its blocks.
 "deterministic" is compiled plus inductor's ``deterministic`` (no on-device autotuning) and the
 process-wide flags set by the worker. ``compile_stats()`` counts what dynamo compiled, per chunk,
 and the CUDA graphs recorded and skipped, so a recompilation or re-recording after warm-up shows.
@@ -81,6 +89,19 @@ class DitSession:
     closed: bool = False
 
 
+@dataclass(eq=False)
+class DenoisedChunk:
+    """A chunk whose clean latent exists but whose commit pass (the forward at t = 0 that leaves
+    its final K/V in the cache) has not run: everything that pass and the bookkeeping after it need."""
+
+    session: DitSession
+    ctx: ForwardContext
+    x0: Tensor
+    y: Tensor
+    cam: Tensor
+    moved: camera.CameraState  # the camera state after the chunk, applied once it has committed
+
+
 class DitEngine:
     def __init__(self, cfg: HarnessConfig, *, group: RankGroup, device: torch.device, seed: int = 0,
                  weights_dir: str | None = None, compile_mode: str | None = None):
@@ -114,6 +135,9 @@ class DitEngine:
         #: attention kernel, where it has an appending form: H1e); read per chunk
         self.kv_write = cfg.runtime.kv_write
         self.attention_out = cfg.runtime.attention_out
+        #: the chunk whose commit pass waits for the engine's next call ("deferred" commit, H5b)
+        self._pending: DenoisedChunk | None = None
+        self.commit = cfg.runtime.commit
 
         self.cache = PagedKVCache.from_config(cfg, sp=group.size, dtype=self.dtype, device=self.device)
         self.layout = TokenLayout(self.frames, cfg.tokens_per_frame, *token_range(cfg.tokens_per_chunk, group))
@@ -179,6 +203,20 @@ class DitEngine:
         if how != self.attention_out:
             self.outputs = OutputBuffers() if how == "static" else None
 
+    @property
+    def commit(self) -> str:
+        """When a chunk's commit pass runs: "inline" (before its latent is returned) or
+        "deferred" (at the engine's next call, H5b)."""
+        return self._commit_when
+
+    @commit.setter
+    def commit(self, when: str) -> None:
+        if when not in ("inline", "deferred"):
+            raise HarnessError(f"commit must be inline or deferred, got {when!r}")
+        if getattr(self, "_commit_when", when) != when:
+            self.settle()  # a pending commit runs before the switch, whatever the new setting
+        self._commit_when = when
+
     def attention_description(self) -> str:
         layout = "" if self.kv_layout == "paged" else f"{self.kv_layout}:"
         return f"{layout}{self.kv_path}+{self.attention}"
@@ -241,6 +279,7 @@ class DitEngine:
     # ---- session API -----------------------------------------------------------------------------
     @torch.inference_mode()
     def start_session(self, conditions: SessionConditions) -> DitSession:
+        self.settle()  # before anything else touches the device or the cache
         m = self.cfg.model
         image = session_image(conditions, self.frames, *self.latent_hw, self.device)
         text = session_text_embedding(conditions, m.text_len, m.text_dim).to(self.device, self.dtype)
@@ -262,11 +301,13 @@ class DitEngine:
 
     def _generate_chunk(self, session: DitSession, actions: list[str] | None, poses) -> Tensor:
         if self.model.compiled_blocks is None:
+            self.settle()
             return self._run_chunk(session, actions, poses)
         before = _dynamo_counts()["frames"]
-        if self.cudagraphs:
-            torch.compiler.cudagraph_mark_step_begin()
         try:
+            self.settle()  # in the generation of the chunk it belongs to, so before the next one begins
+            if self.cudagraphs:
+                torch.compiler.cudagraph_mark_step_begin()
             return self._run_chunk(session, actions, poses)
         finally:
             compiled = _dynamo_counts()["frames"] - before
@@ -275,6 +316,14 @@ class DitEngine:
                 self._note_compiles()
 
     def _run_chunk(self, session: DitSession, actions: list[str] | None, poses) -> Tensor:
+        done = self._denoise(session, actions, poses)
+        if self.commit == "deferred":
+            self._pending = done
+        else:
+            self._commit(done)
+        return done.x0
+
+    def _denoise(self, session: DitSession, actions: list[str] | None, poses) -> DenoisedChunk:
         first = session.kv.next_frame
         rel, moved = chunk_camera(session.pose_state, actions, poses, self.frames)
         rays = self.rays(_to_device(rel, self.device))
@@ -298,17 +347,33 @@ class DitEngine:
             x0 = schedule.predict_x0(x, v, self.sigmas[i])
             if i + 1 < steps:
                 x = schedule.renoise(x0, self._noise(session, i + 1), self.sigmas[i + 1])
-        self._forward(session, ctx, x0, y, cam, steps)  # commit: K/V of the clean chunk
-        ctx.camera.end_chunk()  # what it kept lives for one chunk: the next one has new poses
+        return DenoisedChunk(session, ctx, x0, y, cam, moved)
+
+    def _commit(self, done: DenoisedChunk) -> None:
+        session = done.session
+        self._forward(session, done.ctx, done.x0, done.y, done.cam, len(self.sigmas))  # K/V of the clean chunk
+        done.ctx.camera.end_chunk()  # what it kept lives for one chunk: the next one has new poses
         self.cache.commit(session.kv)
         # only once the chunk committed: a failed chunk retries from the same place
-        session.pose_state = moved
+        session.pose_state = done.moved
         if session.noise is not None:
             session.noise.commit_chunk()
         if self.hooks:
             self._emit("chunk_end", session=session.sid, chunk=session.chunk)
         session.chunk += 1
-        return x0
+
+    def settle(self) -> None:
+        """Run the pending commit pass, if a deferred one waits (no-op otherwise). It stays pending
+        until it has run through: a commit that fails runs again at the next call."""
+        if self._pending is not None:
+            with torch.inference_mode():
+                self._commit(self._pending)
+            self._pending = None
+
+    @property
+    def pending_commit(self) -> DitSession | None:
+        """The session whose last chunk waits for its commit pass, if one does."""
+        return None if self._pending is None else self._pending.session
 
     def _forward(self, session: DitSession, ctx: ForwardContext, x: Tensor, y: Tensor, cam: Tensor, step: int) -> Tensor:
         phase = self.phases[step]
@@ -329,6 +394,7 @@ class DitEngine:
         there are no values to keep, only block tables)."""
         if self.device.type != "meta":
             raise HarnessError("advance_without_compute is for FLOP counting on the meta device")
+        self.settle()
         self.cache.begin_chunk(session.kv, self.frames)
         self.cache.commit(session.kv)
         session.chunk += 1
@@ -336,6 +402,8 @@ class DitEngine:
     def end_session(self, session: DitSession) -> None:
         if session.closed:
             return
+        if self.pending_commit is session:  # no later chunk will read what it would write
+            self._pending = None
         self.cache.free_session(session.kv)
         session.text_kv = []
         session.image = session.noise = None

@@ -21,8 +21,8 @@ class Clock:
         return self.t
 
 
-def watch(mode: str, epoch: int, sink: list, clock: Clock):
-    cfg = tiny(mode=mode, stall_report_s=10.0, compile_allowance_s=60.0, compile_allowance_chunks=2)
+def watch(mode: str, epoch: int, sink: list, clock: Clock, commit: str = "inline"):
+    cfg = tiny(mode=mode, stall_report_s=10.0, compile_allowance_s=60.0, compile_allowance_chunks=2, commit=commit)
     w = stall_watch(cfg, session=epoch, epoch=epoch, sink=sink)
     w.clock, w.since = clock, clock()  # the test's clock, from now
     return w
@@ -56,6 +56,15 @@ def test_a_real_stall_in_the_warm_up_is_still_named(capsys):
         ("dit", 0, 70.0, 60.0, 75.0), ("vae", 2, 10.0, 0.0, 12.0), ("encoder", 0, 10.0, 0.0, 12.0)]
     assert all(s["previous_check_s"] < s["bound_s"] <= s["reported_after_s"] for s in sink)
     assert capsys.readouterr().err.count("stall:") == 3
+
+
+def test_a_deferred_commit_extends_the_allowance_by_one_chunk():
+    """H5b runs chunk 1's commit pass (its first in the second shape) in chunk 2's call."""
+    sink, clock = [], Clock()
+    w = watch("compiled", 0, sink, clock, commit="deferred")
+    wait(w, clock, "dit", 2, 45)
+    wait(w, clock, "dit", 3, 12)
+    assert [(s["chunk"], s["bound_s"]) for s in sink] == [(3, 10.0)]
 
 
 @pytest.mark.parametrize("mode,epoch", [("compiled", 1), ("eager", 0)])
