@@ -25,6 +25,7 @@ import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 from typing import ClassVar
 
@@ -115,20 +116,26 @@ class PyavEncoder(Encoder):
     def open(self, sink: Sink) -> None:
         import av  # on open: the command line imports this registry, and hosts without PyAV run everything else
 
-        cc = av.CodecContext.create("ffv1", "w")
-        cc.width, cc.height, cc.pix_fmt = self.width, self.height, PIX_FMT
-        cc.time_base = Fraction(1, self.fps)
-        cc.framerate = Fraction(self.fps)
-        cc.thread_type = "SLICE"  # FFV1 has only slice threads; no frame delay
-        cc.thread_count = self.threads
-        cc.options = {"level": "3", **self.options}
-        cc.open()
-        self._cc, self._av = cc, av
+        self._av = av
+        cc = self._cc = self._context(self.threads)
         self.sink = sink
         self._mkv = MatroskaWriter(sink, codec_id="V_FFV1", codec_private=bytes(cc.extradata or b""),
                                    width=self.width, height=self.height, fps=self.fps)
         self._mkv.write_header()
         self._committed = 0
+
+    def _context(self, threads: int, gop: int | None = None):
+        cc = self._av.CodecContext.create("ffv1", "w")
+        cc.width, cc.height, cc.pix_fmt = self.width, self.height, PIX_FMT
+        cc.time_base = Fraction(1, self.fps)
+        cc.framerate = Fraction(self.fps)
+        cc.thread_type = "SLICE"  # FFV1 has only slice threads; no frame delay
+        cc.thread_count = threads
+        if gop is not None:
+            cc.gop_size = gop
+        cc.options = {"level": "3", **self.options}
+        cc.open()
+        return cc
 
     def _frame(self, rgb: np.ndarray):
         # Shuffle straight into the codec frame's plane: no swscale pass, no intermediate array.
@@ -143,12 +150,8 @@ class PyavEncoder(Encoder):
         frames = self._check(frames)
         chunk = self.chunks if chunk is None else chunk
         first = self.frames_in
-        packets = []
-        for rgb in frames:
-            vf = self._frame(rgb)
-            vf.pts = self.frames_in
-            packets += self._cc.encode(vf)
-            self.frames_in += 1
+        packets = self._packets(frames, first)
+        self.frames_in += len(frames)
         if len(packets) != len(frames):
             # An encoder with delay would make the chunk boundary a lie; FFV1 has none.
             raise HarnessError(f"ffv1 returned {len(packets)} packets for {len(frames)} frames")
@@ -159,15 +162,75 @@ class PyavEncoder(Encoder):
         self.chunks += 1
         return ChunkEncoded(chunk, len(frames), first, len(packets), nbytes, encoded, delivered)
 
+    def _packets(self, frames: np.ndarray, first: int) -> list:
+        packets = []
+        for i, rgb in enumerate(frames):
+            vf = self._frame(rgb)
+            vf.pts = first + i
+            packets += self._cc.encode(vf)
+        return packets
+
+    def _flush(self) -> list:
+        return self._cc.encode(None)
+
     def close(self) -> None:
         if self.sink is None or self._closed:
             return
         self._closed = True
-        tail = self._cc.encode(None)
+        tail = self._flush()
         if tail:
             raise HarnessError(f"ffv1 held back {len(tail)} packets")
         self._mkv.finish()
         self.sink.flush()
+
+
+class PyavFramesEncoder(PyavEncoder):
+    """FFV1 through PyAV with a chunk's frames coded side by side: ``threads`` codec contexts of
+    one thread each, every frame a keyframe (GOP 1), so any context can code any frame, and the
+    packets muxed in frame order into one stream (the contexts' settings are the same, so is their
+    extradata: checked at open). Slice threads share out one frame at a time and meet at every
+    frame's end; on an H200 host's 16 cores they code a 480×832 chunk of 12 frames in 94 ms against
+    461 ms on one thread (``bench-pipeline encode``), and the encode lies on a first chunk's path to
+    its delivery. PyAV releases the GIL while a frame is coded, so plain threads run in parallel."""
+
+    name = "pyav-frames"
+
+    def default_options(self) -> dict:
+        return {"slices": 4}  # one thread a context: slices only cost compression
+
+    def open(self, sink: Sink) -> None:
+        super().open(sink)  # the first context: its extradata is the stream's
+        self._ccs = [self._cc] + [self._context(1, gop=1) for _ in range(self.threads - 1)]
+        for cc in self._ccs[1:]:
+            if bytes(cc.extradata or b"") != bytes(self._cc.extradata or b""):
+                raise HarnessError("ffv1 contexts with the same settings gave different extradata")
+        self._pool = ThreadPoolExecutor(len(self._ccs), thread_name_prefix="ffv1")
+
+    def _context(self, threads: int, gop: int | None = None):
+        return super()._context(1, gop=1)
+
+    def _packets(self, frames: np.ndarray, first: int) -> list:
+        n = len(self._ccs)
+
+        def code(k: int) -> list:
+            out = []
+            for i in range(k, len(frames), n):
+                vf = self._frame(frames[i])
+                vf.pts = first + i
+                out += self._ccs[k].encode(vf)
+            return out
+
+        packets = [p for ps in self._pool.map(code, range(min(n, len(frames)))) for p in ps]
+        return sorted(packets, key=lambda p: p.pts)
+
+    def _flush(self) -> list:
+        self._pool.shutdown()
+        return [p for cc in self._ccs for p in cc.encode(None)]
+
+    def abort(self) -> None:
+        if hasattr(self, "_pool"):
+            self._pool.shutdown(wait=True)
+        super().abort()
 
 
 class FfmpegEncoder(Encoder):
@@ -365,7 +428,7 @@ class PyavFmp4Encoder(Encoder):
         self.sink.flush()
 
 
-ENCODERS: dict[str, type[Encoder]] = {c.name: c for c in (PyavEncoder, FfmpegEncoder)}
+ENCODERS: dict[str, type[Encoder]] = {c.name: c for c in (PyavEncoder, PyavFramesEncoder, FfmpegEncoder)}
 #: the container (and its codec) per ``runtime.container``: Matroska carries FFV1 from either
 #: backend, fragmented MP4 carries lossless H.264 from PyAV
 CONTAINERS: dict[str, dict[str, type[Encoder]]] = {"matroska": ENCODERS, "fmp4": {"pyav": PyavFmp4Encoder}}
