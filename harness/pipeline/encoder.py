@@ -189,9 +189,10 @@ class PyavFramesEncoder(PyavEncoder):
     one thread each, every frame a keyframe (GOP 1), so any context can code any frame, and the
     packets muxed in frame order into one stream (the contexts' settings are the same, so is their
     extradata: checked at open). Slice threads share out one frame at a time and meet at every
-    frame's end; on an H200 host's 16 cores they code a 480×832 chunk of 12 frames in 94 ms against
-    461 ms on one thread (``bench-pipeline encode``), and the encode lies on a first chunk's path to
-    its delivery. PyAV releases the GIL while a frame is coded, so plain threads run in parallel."""
+    frame's end, and the encode lies on a first chunk's path to its delivery. Measured (12-frame
+    480×832 chunks, docs/results gpu-batch20): level with 16 slice threads on one H200 host (43.3
+    against 44.4 ms a chunk), no resolvable difference served. PyAV releases the GIL while a frame
+    is coded, so plain threads run in parallel."""
 
     name = "pyav-frames"
 
