@@ -2,7 +2,8 @@
 
     python -m harness gpu-checks output  [--json F]   # H4a + H4b: exactness, convert+D2H times
     python -m harness gpu-checks vae     [--json F]   # H3a: compiled vs eager decode
-    python -m harness gpu-checks vae-layout [--json F] # cuDNN autotuning, whole-chunk steps, NDHWC, bf16
+    python -m harness gpu-checks vae-layout [--json F] [--variants V,…] # cuDNN autotuning, whole-chunk steps,
+                                                                  # NDHWC, bf16, fp16, compiled (H3a)
     python -m harness gpu-checks condition [--json F]  # the image condition's encoder passes per chunk, per H3c mode
     python -m harness gpu-checks ffn-epilogue [--json F] # H6e's fused FFN-up epilogue vs torch.compile's
     python -m harness gpu-checks dit     [--json F] [--chunks 7] [--compile-mode M]
@@ -395,13 +396,13 @@ def main(a) -> int:
     elif a.check == "vae":
         report = check_vae(a.chunks or 6, a.compile_mode or "default")
     elif a.check == "vae-layout":
-        report = check_vae_layout(a.chunks or 6)
+        report = check_vae_layout(a.chunks or 6, *([tuple(a.variants.split(","))] if a.variants else []))
     elif a.check == "ffn-epilogue":
         report = check_ffn_epilogue()
     elif a.check == "condition":
         report = check_condition(a.chunks or 12)
     elif a.check == "dit":
-        report = check_dit(a.chunks or 7, a.compile_mode, h2a=not a.no_h2a, variants=tuple(a.variants.split(",")))
+        report = check_dit(a.chunks or 7, a.compile_mode, h2a=not a.no_h2a, variants=tuple((a.variants or "engine").split(",")))
     elif a.check == "colocate":
         report = check_colocate(a.chunks or 9, a.mode or "compiled")
     else:

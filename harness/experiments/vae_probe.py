@@ -12,7 +12,11 @@ that change how the convolutions run, not what they compute:
   a step (``WanVAE.decode(frames_per_step=0)``: a longer time axis per convolution);
 * ``cl3d`` — weights and activations in ``channels_last_3d`` (NDHWC, the layout cuDNN's
   tensor-core kernels read without a transpose);
-* ``bf16`` — the decoder's weights and activations in bf16 (what ``H3b`` makes a candidate).
+* ``bf16`` — the decoder's weights and activations in bf16 (what ``H3b`` makes a candidate);
+* ``fp16chunk`` — ``H3b:fp16-chunk``: fp16, whole-chunk steps, cuDNN autotuning (the engine's own
+  ``decode_in``);
+* ``compile`` — ``H3a``: the decoder's step through ``torch.compile`` (inductor's default mode),
+  which fuses the norms, SiLUs, padding and concatenations around the convolutions.
 
 Each variant reports its steady decode (median over chunks ≥ 2: the first chunk is the
 session's short one, the second pays cuDNN's autotuning), its TF32 MFU against the FLOPs of the
@@ -36,6 +40,7 @@ from harness.engine.groups import RankGroup
 from harness.engine.image import conditioning_image
 from harness.engine.vae_engine import VaeEngine
 from harness.experiments.bench_engine import _sync, count_steady_flops, measure_peak_tflops, timed_decode
+from harness.errors import HarnessError
 from harness.measure.gates import pixel_metrics, pixel_passes, psnr_db
 
 PRESET = "lingbot-480x832"
@@ -51,6 +56,10 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "bf16": ("bf16",),
     "bf16+benchmark+chunk": ("bf16", "benchmark", "chunk"),
     "bf16+benchmark+chunk+cl3d": ("bf16", "benchmark", "chunk", "cl3d"),
+    "compile": ("compile",),
+    "compile+chunk": ("compile", "chunk"),
+    "fp16chunk": ("fp16chunk",),
+    "fp16chunk+compile": ("fp16chunk", "compile"),
 }
 
 
@@ -64,6 +73,10 @@ def _engine(preset: str, device: torch.device, knobs: tuple[str, ...]) -> VaeEng
                 m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last_3d)
     if "chunk" in knobs:
         eng.model.decode = functools.partial(eng.model.decode, frames_per_step=0)
+    if "fp16chunk" in knobs:
+        eng.decode_in(torch.float16, frames_per_step=0, autotune=True)
+    if "compile" in knobs:
+        eng.compile_decoder()
     return eng
 
 
@@ -76,6 +89,9 @@ def _session(eng: VaeEngine, latents: list[torch.Tensor], channels_last: bool) -
 def check_vae_layout(chunks: int = 6, variants: tuple[str, ...] = tuple(VARIANTS), *, preset: str = PRESET,
                      device: str = "cuda") -> dict:
     """Every variant's steady decode, MFU and pixels against the first variant's (see the module)."""
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise HarnessError(f"unknown vae-layout variant {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
     dev = torch.device(device)
     cfg = load_preset(preset)
     shape = (1, cfg.vae.z_dim, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)

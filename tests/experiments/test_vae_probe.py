@@ -27,3 +27,14 @@ def test_layout_probe_compares_every_variant_with_the_reference():
     # on the CPU neither autotuning nor the NDHWC layout changes a pixel of the tiny decode
     assert rows["benchmark"]["exact"] and rows["cl3d"]["worst_max_abs"] <= 0.02
     assert r["peak_tf32_tflops"] is None and rows["cl3d"]["tf32_mfu"] is None
+
+
+def test_layout_probe_refuses_an_unknown_variant_before_building_anything():
+    import pytest
+
+    from harness.errors import HarnessError
+    from harness.experiments.vae_probe import VARIANTS
+
+    assert {"compile", "compile+chunk", "fp16chunk", "fp16chunk+compile"} <= set(VARIANTS)
+    with pytest.raises(HarnessError, match=r"unknown vae-layout variant compiled \(known: reference"):
+        check_vae_layout(2, ("reference", "compiled"), preset="tiny", device="cpu")
