@@ -366,7 +366,7 @@ class DitEngine:
         """Run the pending commit pass, if a deferred one waits (no-op otherwise). It stays pending
         until it has run through: a commit that fails runs again at the next call."""
         if self._pending is not None:
-            with torch.inference_mode():
+            with torch.inference_mode(), hctx.phase(stage="dit"):  # also when a new session's start settles it
                 self._commit(self._pending)
             self._pending = None
 
