@@ -88,6 +88,10 @@ _TABLE: tuple[Figure, ...] = (
            formula="the shortest B(chunk 0) − session start over measured sessions"),
     Figure(name="ttfc_max", label="TTFC max ms", keys=("max_ms",), unit="ms", where="metrics.ttfc",
            formula="the longest B(chunk 0) − session start over measured sessions"),
+    Figure(name="ttfc_parts", label="first chunk's parts P50 ms", keys=("ttfc_parts",), unit="ms", where="metrics.ttfc_parts",
+           formula="per measured session, chunk 0's setup (session start → submit) and each stage it recorded (stages.STAGES); "
+                   "the P50 of each over sessions, nearest rank. A session's parts add up to its TTFC at delivered; "
+                   "the parts' P50s need not add up to the TTFC's P50"),
     Figure(name="rollout", label="rollout ms", keys=("time",), unit="ms", where="metrics.rollouts",
            formula="session start → B(last chunk) of a session with every chunk recorded"),
     Figure(name="rollout_fps", label="rollout FPS P50", keys=("fps_median",), unit="frames/s", where="metrics.rollouts",

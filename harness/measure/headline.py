@@ -57,6 +57,7 @@ def headline(summary: dict, scheduler: str | None = None, mode: str | None = Non
     h = summary.get("handoff", {})
     if h.get("p50_ms") is not None:
         out.append(f"  {F.label('handoff_p50', scheduler)}: {h['p50_ms']:.2f}")
+    out += ttfc_parts_line(summary)
     out += compile_lines(summary, mode)
     tel = telemetry_line(summary.get("telemetry"))
     out += [f"  {tel}"] if tel else []
@@ -65,6 +66,16 @@ def headline(summary: dict, scheduler: str | None = None, mode: str | None = Non
     if not summary.get("valid", True):
         out.append("  INVALID: the figures above are not a measurement (see the flags marked invalid)")
     return out + flag_lines(summary.get("flags", []))
+
+
+def ttfc_parts_line(summary: dict) -> list[str]:
+    """Chunk 0's setup and stages (``summary.ttfc_parts``), the ones that took time: what bounds
+    the TTFC, on one line."""
+    parts = [(k, d["p50_ms"]) for k, d in (summary.get("ttfc_parts") or {}).items() if d.get("p50_ms") is not None]
+    if not parts:
+        return []
+    shown = [f"{k} {v:.1f}" for k, v in parts if v >= 0.05]
+    return [f"  {F.label('ttfc_parts')}: " + ", ".join(shown)]
 
 
 def compile_lines(summary: dict, mode: str | None = None) -> list[str]:

@@ -337,6 +337,32 @@ def ttfc(
     return _per_session("ttfc", events, sessions, boundary, window, first_chunk)
 
 
+#: what a first chunk waits for before its request reaches the DiT: session start → submit
+SETUP = "setup"
+
+
+def ttfc_parts(
+    events: Sequence[ChunkEvent],
+    sessions: Sequence[SessionStart],
+    window: Window = DEFAULT_WINDOW,
+) -> dict[str, PerSession]:
+    """The way of chunk 0 from its session's start, per measured non-cancelled session: ``setup``
+    (session start → submit), then every stage of ``stages.STAGES`` chunk 0 recorded. Where every
+    boundary was recorded they tile TTFC at ``delivered``: what bounds a first chunk, measured."""
+
+    def setup(chunks: dict[int, ChunkEvent], start: int) -> int | None:
+        t = chunks[0].at("submit") if 0 in chunks else None
+        return None if t is None else int(t - start)
+
+    def stage(name: str) -> Callable[[dict[int, ChunkEvent], int], int | None]:
+        return lambda chunks, start: stage_durations(chunks[0]).get(name) if 0 in chunks else None
+
+    parts = {SETUP: _per_session(SETUP, events, sessions, "submit", window, setup)}
+    for name, _, end in STAGES:
+        parts[name] = _per_session(name, events, sessions, end, window, stage(name))
+    return parts
+
+
 def rollouts(
     events: Sequence[ChunkEvent],
     sessions: Sequence[SessionStart],

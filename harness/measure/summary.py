@@ -188,6 +188,8 @@ class Summary(msgspec.Struct, frozen=True):
     violations: list[str]
     #: absent in summaries written before schema 3
     warmup: WarmupSummary | None = None
+    #: chunk 0's setup and stages over the measured sessions (metrics.ttfc_parts); absent in older summaries
+    ttfc_parts: dict[str, Dist] | None = None
 
 
 # ---- small pure pieces ---------------------------------------------------------------------
@@ -413,6 +415,7 @@ def build_summary(
         order_violations=len(violations),
         violations=violations[:MAX_LISTED_VIOLATIONS],
         warmup=warmup_summary(events, window, stages),
+        ttfc_parts={k: dist(v.ns()) for k, v in M.ttfc_parts(events, sessions, window).items()} if sessions else None,
     )
 
 

@@ -58,6 +58,13 @@ def test_warm_up_first_chunk_is_reported_beside_the_steady_median(small_run):
     assert "dit 40.0 (steady P50 40.0)" in line and "(compiled mode, mostly compilation)" in line
 
 
+def test_the_first_chunks_parts_are_one_line(small_run):
+    parts = small_run["ttfc_parts"]
+    assert parts["setup"]["p50_ms"] == pytest.approx(10.0) and parts["dit"]["p50_ms"] == pytest.approx(40.0)
+    line = next(l for l in headline(small_run) if F.label("ttfc_parts") in l)
+    assert "setup 10.0, dit_queue 1.0, dit 40.0" in line and "decode 30.0" in line and line.endswith("sink 1.0")
+
+
 def test_the_setting_line_says_what_ran():
     line = setting_line(MANIFEST, {"nvtx": 3.25})
     for part in ("preset tiny", "device cuda (NVIDIA H200)", "mode compiled", "case-e", "SP 2 / VAE ranks 2",

@@ -147,6 +147,23 @@ def test_ttfc_and_rollout(tables):
     assert (1, 1) not in M.rollouts(holed, starts, "delivered").values
 
 
+def test_ttfc_parts_tile_the_first_chunks_way(tables):
+    """Chunk 0's setup (session start → submit) and every stage: they add up, session by session,
+    to TTFC at delivered; a boundary left out drops only the parts it ends or opens."""
+    events, starts = tables.run(3, first=200 * MS, step=2 * MS)
+    parts = M.ttfc_parts(events, starts)
+    assert list(parts) == [M.SETUP, *STAGE_NAMES]
+    assert parts[M.SETUP].values == {(1, 1): 200 * MS, (2, 2): 200 * MS}
+    assert all(set(p.values.values()) == {2 * MS} for name, p in parts.items() if name != M.SETUP)
+    ttfc = M.ttfc(events, starts, "delivered").values
+    for key, total in ttfc.items():
+        assert sum(p.values[key] for p in parts.values()) == total
+    holed, starts = tables.run(3, first=200 * MS, step=2 * MS, drop={0: ("decode_end",)})
+    parts = M.ttfc_parts(holed, starts)
+    assert parts["decode"].skipped_missing == parts["convert"].skipped_missing == 2
+    assert parts["dit"].skipped_missing == 0 and len(parts["dit"].values) == 2
+
+
 def test_handoff(tables):
     events, starts = tables.run(2, step=1 * MS)
     h = M.handoffs(events, sessions=starts)
