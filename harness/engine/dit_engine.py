@@ -137,6 +137,7 @@ class DitEngine:
         self.attention_out = cfg.runtime.attention_out
         #: the chunk whose commit pass waits for the engine's next call ("deferred" commit, H5b)
         self._pending: DenoisedChunk | None = None
+        self._commit_when = "inline"
         self.commit = cfg.runtime.commit
 
         self.cache = PagedKVCache.from_config(cfg, sp=group.size, dtype=self.dtype, device=self.device)
@@ -213,7 +214,7 @@ class DitEngine:
     def commit(self, when: str) -> None:
         if when not in ("inline", "deferred"):
             raise HarnessError(f"commit must be inline or deferred, got {when!r}")
-        if getattr(self, "_commit_when", when) != when:
+        if when != self._commit_when:
             self.settle()  # a pending commit runs before the switch, whatever the new setting
         self._commit_when = when
 

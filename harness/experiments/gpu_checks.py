@@ -42,6 +42,7 @@ from harness.engine.groups import RankGroup
 from harness.engine.vae_engine import VaeEngine
 from harness.experiments.epilogue_probe import check_ffn_epilogue
 from harness.errors import HarnessError
+from harness.experiments.vae_probe import VARIANTS as VAE_VARIANTS
 from harness.experiments.vae_probe import check_condition, check_vae_layout
 from harness.measure.gates import latent_metrics, latent_passes, pixel_metrics, pixel_passes
 from harness.pipeline.ring import FrameRing
@@ -396,7 +397,7 @@ def main(a) -> int:
     elif a.check == "vae":
         report = check_vae(a.chunks or 6, a.compile_mode or "default")
     elif a.check == "vae-layout":
-        report = check_vae_layout(a.chunks or 6, *([tuple(a.variants.split(","))] if a.variants else []))
+        report = check_vae_layout(a.chunks or 6, tuple(a.variants.split(",")) if a.variants else tuple(VAE_VARIANTS))
     elif a.check == "ffn-epilogue":
         report = check_ffn_epilogue()
     elif a.check == "condition":

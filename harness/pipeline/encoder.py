@@ -112,27 +112,32 @@ class Encoder(ABC):
 class PyavEncoder(Encoder):
     name = "pyav"
     exact_chunk_boundaries = True
+    #: the codec's keyframe interval (None: libavcodec's default)
+    GOP: int | None = None
 
     def open(self, sink: Sink) -> None:
         import av  # on open: the command line imports this registry, and hosts without PyAV run everything else
 
         self._av = av
-        cc = self._cc = self._context(self.threads)
+        cc = self._cc = self._context()
         self.sink = sink
         self._mkv = MatroskaWriter(sink, codec_id="V_FFV1", codec_private=bytes(cc.extradata or b""),
                                    width=self.width, height=self.height, fps=self.fps)
         self._mkv.write_header()
         self._committed = 0
 
-    def _context(self, threads: int, gop: int | None = None):
+    def _context_threads(self) -> int:
+        return self.threads
+
+    def _context(self):
         cc = self._av.CodecContext.create("ffv1", "w")
         cc.width, cc.height, cc.pix_fmt = self.width, self.height, PIX_FMT
         cc.time_base = Fraction(1, self.fps)
         cc.framerate = Fraction(self.fps)
         cc.thread_type = "SLICE"  # FFV1 has only slice threads; no frame delay
-        cc.thread_count = threads
-        if gop is not None:
-            cc.gop_size = gop
+        cc.thread_count = self._context_threads()
+        if self.GOP is not None:
+            cc.gop_size = self.GOP
         cc.options = {"level": "3", **self.options}
         cc.open()
         return cc
@@ -195,20 +200,21 @@ class PyavFramesEncoder(PyavEncoder):
     is coded, so plain threads run in parallel."""
 
     name = "pyav-frames"
+    GOP = 1
 
     def default_options(self) -> dict:
         return {"slices": 4}  # one thread a context: slices only cost compression
 
     def open(self, sink: Sink) -> None:
         super().open(sink)  # the first context: its extradata is the stream's
-        self._ccs = [self._cc] + [self._context(1, gop=1) for _ in range(self.threads - 1)]
+        self._ccs = [self._cc] + [self._context() for _ in range(self.threads - 1)]
         for cc in self._ccs[1:]:
             if bytes(cc.extradata or b"") != bytes(self._cc.extradata or b""):
                 raise HarnessError("ffv1 contexts with the same settings gave different extradata")
         self._pool = ThreadPoolExecutor(len(self._ccs), thread_name_prefix="ffv1")
 
-    def _context(self, threads: int, gop: int | None = None):
-        return super()._context(1, gop=1)
+    def _context_threads(self) -> int:
+        return 1  # ``threads`` is the number of contexts
 
     def _packets(self, frames: np.ndarray, first: int) -> list:
         n = len(self._ccs)
