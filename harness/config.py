@@ -161,6 +161,10 @@ class RuntimeConfig(_Section):
     #: its latent is returned, or "deferred" to the DiT's next call, so the latent leaves one
     #: forward sooner (H5b; engine/dit_engine.py)
     commit: Literal["inline", "deferred"] = "inline"
+    #: when a session's first image condition is encoded: "chunk", inside chunk 0's DiT, or
+    #: "session", launched as the session starts, so the device encodes while the host makes the
+    #: text conditions (H5c; engine/dit_engine.py)
+    condition_start: Literal["chunk", "session"] = "chunk"
     ring_slots: int = 4
     queue_depth: int = 2
     encoder: str = "pyav"

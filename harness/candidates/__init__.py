@@ -38,6 +38,7 @@ MODULES: dict[str, str] = {
     "H4b": "h4b_pinned_d2h",
     "H5a": "h5a_decode_overlap",
     "H5b": "h5b_deferred_commit",
+    "H5c": "h5c_early_condition",
     "H6a": "h6a_fp8_linear",
     "H6b": "h6b_fp8_attention",
     "H6c": "h6c_fp8_both",

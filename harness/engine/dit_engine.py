@@ -35,6 +35,10 @@ session — so a chunk's latent reaches the decoder one forward sooner and a ses
 which no chunk reads, never runs. The engine's sequence of forwards, and so every value, is the
 same; the commit still belongs to its own chunk's CUDA-graph generation (it runs before the next
 ``cudagraph_mark_step_begin``), and a session that ends drops its pending commit with its blocks.
+A session's chunk-0 image condition (``runtime.condition_start``): "chunk" encodes it inside chunk
+0's DiT, when the chunk asks for it; "session" (H5c) launches that encoder pass in
+``start_session``, before the text conditions are made on the host, so the device encodes while
+the host works and chunk 0's DiT finds the latents made. Same passes, same values.
 "deterministic" is compiled plus inductor's ``deterministic`` (no on-device autotuning) and the
 process-wide flags set by the worker. ``compile_stats()`` counts what dynamo compiled, per chunk,
 and the CUDA graphs recorded and skipped, so a recompilation or re-recording after warm-up shows.
@@ -139,6 +143,8 @@ class DitEngine:
         self._pending: DenoisedChunk | None = None
         self._commit_when = "inline"
         self.commit = cfg.runtime.commit
+        #: when a session's chunk-0 image condition is encoded: "chunk" or "session" (H5c); read per session
+        self.condition_start = cfg.runtime.condition_start
 
         self.cache = PagedKVCache.from_config(cfg, sp=group.size, dtype=self.dtype, device=self.device)
         self.layout = TokenLayout(self.frames, cfg.tokens_per_frame, *token_range(cfg.tokens_per_chunk, group))
@@ -283,6 +289,11 @@ class DitEngine:
         self.settle()  # before anything else touches the device or the cache
         m = self.cfg.model
         image = session_image(conditions, self.frames, *self.latent_hw, self.device)
+        if image is not None and self.condition_start == "session" and not self.meta:
+            # launched before the text is made on the host: the device encodes meanwhile, and chunk
+            # 0 asks for the same latents again (ImageCondition hands the last chunk's back)
+            with hctx.phase(stage="dit", chunk=0):
+                image.latents(0)
         text = session_text_embedding(conditions, m.text_len, m.text_dim).to(self.device, self.dtype)
         noise = None if self.meta else SessionNoise(self.cfg.schedule.noise, conditions.seed, self.device)
         kv = self.cache.open(self.kv_layout)

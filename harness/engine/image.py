@@ -59,7 +59,7 @@ def _encoder(cfg: HarnessConfig, device: torch.device, seed: int):
 def image_pixels(image_uint8_hwc, device: torch.device, dtype: torch.dtype) -> Tensor:
     """(H, W, 3) uint8 RGB → (1, 3, 1, H, W) in [-1, 1], scaled as production scales a picture
     (÷ 255, then × 2 − 1)."""
-    img = torch.as_tensor(image_uint8_hwc).to(device)
+    img = torch.from_numpy(np.require(image_uint8_hwc, requirements="W")).to(device)  # a wire buffer is read-only
     return (img.permute(2, 0, 1)[None, :, None].float() / 255.0 * 2.0 - 1.0).to(dtype)
 
 
@@ -110,16 +110,31 @@ class EncodedCondition:
         return out
 
 
+def check_picture(picture: np.ndarray, height: int, width: int) -> np.ndarray:
+    """A session's conditioning picture as it arrives: (height, width, 3) uint8 RGB."""
+    if picture.dtype != np.uint8 or picture.shape != (height, width, 3):
+        raise HarnessError(f"the conditioning picture must be ({height}, {width}, 3) uint8 RGB, "
+                           f"got {tuple(picture.shape)} {picture.dtype}")
+    return picture
+
+
 def _conditioning_pixels(cfg: HarnessConfig, image_seed: int, device: torch.device) -> tuple[WanVAE, Tensor]:
     img = synthetic_image(image_seed, cfg.video.height, cfg.video.width)
     return _encoder(cfg, device, cfg.runtime.seed), image_pixels(img, device, condition_dtype(cfg))
 
 
+def picture_condition(cfg: HarnessConfig, picture: np.ndarray, device: torch.device) -> EncodedCondition:
+    """The session's image condition, chunk by chunk, from its picture ((H, W, 3) uint8 RGB)."""
+    picture = check_picture(picture, cfg.video.height, cfg.video.width)
+    pixels = image_pixels(picture, device, condition_dtype(cfg))
+    whole = cfg.runtime.condition_chunk
+    return EncodedCondition(_encoder(cfg, device, cfg.runtime.seed), pixels, cfg.video.frames_per_chunk, whole=whole,
+                            autotune=whole and cfg.parallel.sp == 1)
+
+
 def conditioning_image(cfg: HarnessConfig, image_seed: int, device: torch.device) -> EncodedCondition:
     """The session's image condition, chunk by chunk, from the synthetic image of ``image_seed``."""
-    model, pixels = _conditioning_pixels(cfg, image_seed, device)
-    whole = cfg.runtime.condition_chunk
-    return EncodedCondition(model, pixels, cfg.video.frames_per_chunk, whole=whole, autotune=whole and cfg.parallel.sp == 1)
+    return picture_condition(cfg, synthetic_image(image_seed, cfg.video.height, cfg.video.width), device)
 
 
 def conditioning_image_latent(cfg: HarnessConfig, image_seed: int, device: torch.device) -> Tensor:

@@ -42,7 +42,9 @@ class StartSession(_Msg):
     epoch: int
     seed: int
     prompt: str = ""
-    image_seed: int | None = None  # synthetic conditioning image (deterministic from the seed)
+    #: the session's conditioning picture, (H, W, 3) uint8 RGB: made before the session starts, as a
+    #: client's upload is (the driver's stand-in synthesises it from the seed); to the DiT ranks only
+    image: Tensor | None = None
 
 
 class GenerateChunk(_Msg):

@@ -13,7 +13,7 @@ import torch
 from harness.candidates import EnginePatches
 from harness.engine.backends import build_dit_engine
 from harness.engine.conditions import SessionConditions
-from harness.engine.image import conditioning_image
+from harness.engine.image import picture_condition
 from harness.hooks import context as hctx
 from harness.measure.clock import now
 from harness.pipeline import messages as M
@@ -66,7 +66,7 @@ def _loop(spec, conn, engine, sessions, epochs, timer, lead, cfg, device) -> Non
                                            dit_start=t0, dit_end=t1, gpu_ms=timer.collect()))
         elif isinstance(msg, M.StartSession):
             epochs[msg.session] = msg.epoch
-            image = conditioning_image(cfg, msg.image_seed, device) if msg.image_seed is not None else None
+            image = picture_condition(cfg, msg.image.array(), device) if msg.image is not None else None
             sessions[msg.session] = engine.start_session(SessionConditions(prompt=msg.prompt, seed=msg.seed, image_condition=image))
         elif isinstance(msg, M.EndSession):
             epochs.pop(msg.session, None)
