@@ -119,8 +119,9 @@ def _gpu_checks(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-mode", help="inductor mode for the compiled DiT/VAE (default: the engine's)")
     p.add_argument("--no-h2a", action="store_true")
     p.add_argument("--variants", default=None,
-                   help="comma list: dit's compiled variants (gpu_checks.VARIANTS; default engine) or vae-layout's "
-                        "(vae_probe.VARIANTS; default all)")
+                   help="comma list: dit's compiled variants (gpu_checks.VARIANTS; default engine), vae-layout's "
+                        "(vae_probe.VARIANTS; default all) or condition's H3c modes (default fp16,fp16-chunk,bf16-chunk; "
+                        "fp32 always runs first, the reference)")
     p.add_argument("--mode", choices=MODES, help="dit-run: deterministic (default) or eager; colocate: compiled (default) or eager")
     p.add_argument("--save", help=argparse.SUPPRESS)  # dit-run: where determinism's child launches leave their latents
 

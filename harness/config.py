@@ -142,6 +142,8 @@ class RuntimeConfig(_Section):
     #: and whether a chunk's latent frames go through it in one forward with cuDNN autotuning (H3c)
     condition_dtype: Literal["", "float32", "bfloat16", "float16"] = ""
     condition_chunk: bool = False
+    #: the image condition's encoder step ``torch.compile``d (inductor, static shapes; H3c's ``-compile``)
+    condition_compile: bool = False
     mode: Mode = "eager"
     scheduler: Scheduler = "case-d"
     max_pending_decodes: int = 1

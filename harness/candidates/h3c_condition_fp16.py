@@ -9,6 +9,11 @@ on the DiT's critical path: it is the ≈ 250 ms by which a served DiT chunk exc
 + autotuning took the decoder from 396 to 205 ms (gpu-batch17); the encoder is the same kind of
 network (causal 3-D convolutions, RMS norms, one mid-block attention).
 
+``-compile`` also ``torch.compile``s the encoder's step (inductor, static shapes; a session's first
+pixel frame runs eagerly, as H3a's decoder does; ``runtime.condition_compile``): the convolutions stay
+cuDNN calls, the RMS norms, SiLUs, padding and concatenations around them fuse. The warm-up session
+pays the compilation (two shapes: chunk 0's frames after the picture, and a later chunk's).
+
 A runtime switch (``runtime.condition_dtype``, ``runtime.condition_chunk``), set before launch:
 the DiT rank builds its encoder in that dtype. fp16 needs a GPU (the CPU has no fp16 3-D
 convolution worth running); bf16 runs anywhere.
@@ -21,24 +26,25 @@ Random weights: indicative only.
 
 from harness.candidates import Candidate, set_runtime
 
-#: argument → (encoder dtype, whole-chunk forwards with autotuning)
-MODES = {"fp16": ("float16", False), "fp16-chunk": ("float16", True), "bf16": ("bfloat16", False),
-         "bf16-chunk": ("bfloat16", True)}
+#: argument → (encoder dtype, whole-chunk forwards with autotuning, the encoder's step compiled)
+MODES = {"fp16": ("float16", False, False), "fp16-chunk": ("float16", True, False), "bf16": ("bfloat16", False, False),
+         "bf16-chunk": ("bfloat16", True, False), "fp16-chunk-compile": ("float16", True, True),
+         "bf16-chunk-compile": ("bfloat16", True, True)}
 
 
 def _configure(cfg, arg: str):
-    dtype, chunk = MODES[arg]
-    return set_runtime(cfg, condition_dtype=dtype, condition_chunk=chunk)
+    dtype, chunk, compiled = MODES[arg]
+    return set_runtime(cfg, condition_dtype=dtype, condition_chunk=chunk, condition_compile=compiled)
 
 
 CANDIDATE = Candidate(
     id="H3c",
     name="condition_fp16",
-    description="the image condition's VAE encoder (DiT rank) in fp16/bf16; -chunk: whole-chunk forwards, cuDNN autotuned",
+    description="the image condition's VAE encoder (DiT rank) in fp16/bf16; -chunk: whole-chunk forwards, cuDNN autotuned; -compile: its step compiled",
     gate="threshold",
     changes="runtime",
     configure=_configure,
     arg_choices=tuple(MODES),
     default_arg="fp16-chunk",
-    arg_needs={"fp16": ("cuda",), "fp16-chunk": ("cuda",)},
+    arg_needs={"fp16": ("cuda",), "fp16-chunk": ("cuda",), "fp16-chunk-compile": ("cuda",)},
 )

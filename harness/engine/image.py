@@ -49,10 +49,13 @@ def condition_dtype(cfg: HarnessConfig) -> torch.dtype:
 def _encoder(cfg: HarnessConfig, device: torch.device, seed: int):
     weights = cfg.engine.vae_weights or None
     dtype = condition_dtype(cfg)
-    key = (cfg.vae, str(device), dtype, seed, weights)
+    compiled = cfg.runtime.condition_compile
+    key = (cfg.vae, str(device), dtype, seed, weights, compiled)
     if key not in _ENCODERS:
-        _ENCODERS[key] = build_vae(cfg.vae, encoder=True, decoder=False, seed=seed, weights=weights,
-                                   device=device, dtype=dtype)
+        model = build_vae(cfg.vae, encoder=True, decoder=False, seed=seed, weights=weights, device=device, dtype=dtype)
+        if compiled:  # static shapes: a chunk's two pixel lengths (chunk 0's rest, later chunks) compile once each
+            model.encoder.compile_step(dynamic=False)
+        _ENCODERS[key] = model
     return _ENCODERS[key]
 
 

@@ -125,7 +125,10 @@ class CausalConv3d(nn.Conv3d):
             x = torch.cat([past, x], dim=2)
             # clone: a view would keep the whole concatenation alive between frames
             cache.slots[self.slot] = x[:, :, -self.history:].clone()
-        if self.onednn_on_cpu and x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.is_available():
+        # (a compiled step traces F.conv3d: inductor picks the CPU kernel itself, and the direct
+        # oneDNN call has no fake-tensor rule to trace it with)
+        if (not torch.compiler.is_compiling() and self.onednn_on_cpu and x.device.type == "cpu" and x.dtype == torch.float32
+                and torch.backends.mkldnn.is_available()):
             return torch.mkldnn_convolution(x, self.weight, self.bias, [0, 0, 0], list(self.stride), [1, 1, 1], 1)
         return F.conv3d(x, self.weight, self.bias, self.stride)
 
@@ -281,7 +284,26 @@ def _assign_slots(coder: nn.Module) -> int:
     return n
 
 
-class Decoder(nn.Module):
+class _CompiledStep:
+    """A coder whose per-call ``step`` may be ``torch.compile``d (H3a: the decoder; H3c's
+    ``-compile`` modes: the encoder). A session's first call runs eagerly: its empty cache slots and
+    the first frame's own path would be a graph of their own used once per session. Cache slots are
+    graph inputs and the slots a step stores graph outputs, so one graph per input shape serves every
+    later call of every session; ``CausalCache.advance`` stays outside (a counter would be a guard)."""
+
+    compiled_step = None
+
+    def _step_for(self, cache: CausalCache):
+        return self.step if cache.first or self.compiled_step is None else self.compiled_step
+
+    def compile_step(self, **options) -> None:
+        self.compiled_step = torch.compile(self.step, **options)
+
+    def uncompile_step(self) -> None:
+        self.compiled_step = None
+
+
+class Decoder(_CompiledStep, nn.Module):
     """Wan 2.1 decoder: latent (B, z, T, h, w) → pixels (B, 3, T', 8h, 8w), streaming."""
 
     def __init__(self, dim: int, z_dim: int, dim_mult, num_res_blocks: int, temporal_upsample, out_channels: int = 3):
@@ -299,16 +321,13 @@ class Decoder(nn.Module):
         self.norm_out = RMSNorm(dims[-1])
         self.conv_out = CausalConv3d(dims[-1], out_channels, 3, padding=1)
         self.num_slots = _assign_slots(self)
-        #: ``step`` compiled by ``compile_step`` (H3a); None runs it eagerly.
-        self.compiled_step = None
 
     def forward(self, x, cache: CausalCache, width: WidthOps = LOCAL):
         if cache.first and x.shape[2] != 1:
             raise HarnessError("a decode session must start with a single latent frame")
         # The session's first frame takes another path (no temporal upsampling) once per session:
         # it runs eagerly, so every compiled call sees the same kind of frame and cache.
-        step = self.step if cache.first or self.compiled_step is None else self.compiled_step
-        x = step(x, cache, width)
+        x = self._step_for(cache)(x, cache, width)
         cache.advance()
         return x
 
@@ -320,17 +339,9 @@ class Decoder(nn.Module):
             x = block(x, cache, width)
         return self.conv_out(F.silu(self.norm_out(x)), cache, width)
 
-    def compile_step(self, **options) -> None:
-        """``torch.compile`` the per-frame step of every frame but a session's first. Cache slots
-        are graph inputs and the slots it stores graph outputs, so one graph (traced at the
-        session's second frame) serves every later frame of every session."""
-        self.compiled_step = torch.compile(self.step, **options)
-
-    def uncompile_step(self) -> None:
-        self.compiled_step = None
 
 
-class Encoder(nn.Module):
+class Encoder(_CompiledStep, nn.Module):
     """Wan 2.1 encoder: pixels (B, 3, 1+4k, H, W) → (B, 2z, 1+k, H/8, W/8), streaming, unsharded."""
 
     def __init__(self, dim: int, z_dim: int, dim_mult, num_res_blocks: int, temporal_downsample, in_channels: int = 3):
@@ -359,13 +370,17 @@ class Encoder(nn.Module):
                 m.onednn_on_cpu = True
 
     def forward(self, x, cache: CausalCache, width: WidthOps = LOCAL):
+        x = self._step_for(cache)(x, cache, width)
+        cache.advance()
+        return x
+
+    def step(self, x, cache: CausalCache, width: WidthOps = LOCAL):
+        """One streaming forward: reads every cache slot and stores its replacement."""
         x = self.conv_in(x, cache, width)
         for layer in self.down_blocks:
             x = layer(x, cache, width)
         x = self.mid_block(x, cache, width)
-        x = self.conv_out(F.silu(self.norm_out(x)), cache, width)
-        cache.advance()
-        return x
+        return self.conv_out(F.silu(self.norm_out(x)), cache, width)
 
 
 # ---- the autoencoder -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@
     python -m harness gpu-checks vae     [--json F]   # H3a: compiled vs eager decode
     python -m harness gpu-checks vae-layout [--json F] [--variants V,…] # cuDNN autotuning, whole-chunk steps,
                                                                   # NDHWC, bf16, fp16, compiled (H3a)
-    python -m harness gpu-checks condition [--json F]  # the image condition's encoder passes per chunk, per H3c mode
+    python -m harness gpu-checks condition [--json F] [--variants M,…]  # the image condition's encoder passes per chunk, per H3c mode
     python -m harness gpu-checks ffn-epilogue [--json F] # H6e's fused FFN-up epilogue vs torch.compile's
     python -m harness gpu-checks dit     [--json F] [--chunks 7] [--compile-mode M]
                                                                   # compiled vs eager DiT (+ H2a)
@@ -401,7 +401,7 @@ def main(a) -> int:
     elif a.check == "ffn-epilogue":
         report = check_ffn_epilogue()
     elif a.check == "condition":
-        report = check_condition(a.chunks or 12)
+        report = check_condition(a.chunks or 12, **({"modes": tuple(a.variants.split(","))} if a.variants else {}))
     elif a.check == "dit":
         report = check_dit(a.chunks or 7, a.compile_mode, h2a=not a.no_h2a, variants=tuple((a.variants or "engine").split(",")))
     elif a.check == "colocate":

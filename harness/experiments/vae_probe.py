@@ -141,12 +141,16 @@ def check_condition(chunks: int = 12, *, preset: str = PRESET, device: str = "cu
     until the fixed point, the chunk it was found at (None: not within ``chunks``), and each
     chunk's condition latents against the fp32 ones (relative L2, max|Δ|). A ``-chunk`` mode's
     chunks 0 and 1 include cuDNN's autotuning (two shapes); its steady chunks are 2 on."""
+    unknown = [m for m in modes if m and m not in CONDITION_MODES]
+    if unknown:
+        raise HarnessError(f"unknown condition mode {', '.join(unknown)} (known: {', '.join(CONDITION_MODES)})")
     dev = torch.device(device)
     out, ref = {"preset": preset, "chunks": chunks, "modes": {}}, []
     modes = ("", *(m for m in modes if m))  # fp32 first: the reference of every other mode
     for mode in modes:
-        dtype, whole = CONDITION_MODES[mode] if mode else ("", False)
-        cfg = override(load_preset(preset), runtime={"condition_dtype": dtype, "condition_chunk": whole})
+        dtype, whole, compiled = CONDITION_MODES[mode] if mode else ("", False, False)
+        cfg = override(load_preset(preset), runtime={"condition_dtype": dtype, "condition_chunk": whole,
+                                                     "condition_compile": compiled})
         cond = conditioning_image(cfg, 1, dev)
         times, lats = [], []
         for k in range(chunks):
