@@ -44,6 +44,7 @@ MODULES: dict[str, str] = {
     "H6c": "h6c_fp8_both",
     "H6d": "h6d_kv_fp8",
     "H6e": "h6e_fp8_ffn_fused",
+    "H6f": "h6f_fp8_attention_fine",
 }
 
 

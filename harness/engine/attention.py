@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from harness.engine import fa3, kv_fp8
+from harness.engine import fa3, fp8_fine, kv_fp8
 from harness.errors import HarnessError
 from harness.hooks import registries
 
@@ -307,6 +307,9 @@ def _register_fa3() -> None:
     PARTIALS["fa3"] = fa3.fa3_partial
     # FA3's FP8 numerics emulated on any device (the CPU stand-in of fa3-fp8 and of H6d)
     DENSE["fp8-emulated"] = kv_fp8.fp8_emulated_dense
+    # H6f's finer FP8 (P·V only, per-block Q/K scales), emulated on any device
+    for mode in fp8_fine.MODES:
+        DENSE[fp8_fine.backend_name(mode)] = fp8_fine.dense(mode)
 
 
 _register_fa3()

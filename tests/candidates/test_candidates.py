@@ -28,6 +28,10 @@ slow = pytest.mark.skipif(not SLOW, reason="compiles with CPU inductor in every 
 #: both measured in tests/candidates/test_h3b_vae_bf16.py)
 CPU_ARG = {"H1b": "math", "H3b": "fp16", "H3c": "bf16-chunk"}
 SLOW_IDS = {"H3a"}
+#: candidates whose gate verdict is the experiment's finding, not a contract: H6f (FP8 attention
+#: placements) fails its threshold gate on the tiny preset's random weights (its verdict at 480×832 is
+#: for `compare` on the GPU); tests/engine/test_fp8_fine.py checks that its gate runs and sees the rounding
+VERDICT_IS_THE_FINDING = {"H6f"}
 
 
 def _spec(cid: str) -> str:
@@ -50,7 +54,7 @@ def baseline(tmp_path_factory):
 def _params():
     out = []
     for cid in candidates.MODULES:
-        if not _applies_on_cpu(cid):
+        if not _applies_on_cpu(cid) or cid in VERDICT_IS_THE_FINDING:
             continue
         out.append(pytest.param(cid, marks=slow) if cid in SLOW_IDS else cid)
     return out
@@ -84,7 +88,7 @@ def test_gpu_candidates_are_refused_on_cpu(cid, tmp_path):
 
 
 def test_every_candidate_is_listed(capsys):
-    assert list(candidates.MODULES) == ["H1a", "H1b", "H1c", "H1d", "H1e", "H2a", "H3a", "H3b", "H3c", "H4a", "H4b", "H5a", "H5b", "H5c", "H6a", "H6b", "H6c", "H6d", "H6e"]
+    assert list(candidates.MODULES) == ["H1a", "H1b", "H1c", "H1d", "H1e", "H2a", "H3a", "H3b", "H3c", "H4a", "H4b", "H5a", "H5b", "H5c", "H6a", "H6b", "H6c", "H6d", "H6e", "H6f"]
     from harness.cli import main
 
     assert main(["candidates"]) == 0

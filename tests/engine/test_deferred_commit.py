@@ -6,7 +6,6 @@ never), a commit that fails runs again, and a session's end leaves no block behi
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -16,6 +15,7 @@ from harness.engine.conditions import SessionConditions
 from harness.engine.dit_engine import DitEngine
 from harness.engine.groups import RankGroup, run_ranks
 from harness.errors import HarnessError
+from helpers.ranks import assert_ranks_match
 
 #: saturated at chunk 2, evicting from chunk 3 on (as in test_dit_sp)
 CACHE = {"sink_frames": 3, "window_frames": 9, "max_sessions": 2}
@@ -137,11 +137,7 @@ def test_sp_ranks_deferred_bytes(sp):
     one = run_ranks(_rank, 1, "inline")[0]
     inline = run_ranks(_rank, sp, "inline")
     deferred = run_ranks(_rank, sp, "deferred")
-    for r in deferred:
-        assert r == inline[0]
-    for a, b in zip(deferred[0], one):
-        x, y = np.frombuffer(a, np.float32), np.frombuffer(b, np.float32)
-        assert np.linalg.norm(x - y) / np.linalg.norm(y) <= 1e-4
+    assert_ranks_match(deferred, inline[0], one, 1e-4)
 
 
 def test_candidate_sets_the_switch_and_is_refused_where_it_cannot_show():

@@ -18,6 +18,7 @@ from harness.engine.dit_engine import DitEngine
 from harness.engine.groups import RankGroup, run_ranks
 from harness.engine.image import check_picture, picture_condition, synthetic_image
 from harness.errors import HarnessError
+from helpers.ranks import assert_ranks_match
 from harness.pipeline import messages as M
 
 CPU = torch.device("cpu")
@@ -76,11 +77,7 @@ def test_sp_ranks_session_start_bytes(sp):
     one = run_ranks(_rank, 1, "chunk")[0]
     at_chunk = run_ranks(_rank, sp, "chunk")
     at_start = run_ranks(_rank, sp, "session")
-    for r in at_start:
-        assert r == at_chunk[0]
-    for a, b in zip(at_start[0], one):
-        x, y = np.frombuffer(a, np.float32), np.frombuffer(b, np.float32)
-        assert np.linalg.norm(x - y) / np.linalg.norm(y) <= 1e-4
+    assert_ranks_match(at_start, at_chunk[0], one, 1e-4)
 
 
 def test_candidate_sets_the_switch_and_is_refused_where_it_cannot_show():
