@@ -53,7 +53,7 @@ def _encoder(cfg: HarnessConfig, device: torch.device, seed: int):
     key = (cfg.vae, str(device), dtype, seed, weights, compiled)
     if key not in _ENCODERS:
         model = build_vae(cfg.vae, encoder=True, decoder=False, seed=seed, weights=weights, device=device, dtype=dtype)
-        if compiled:  # static shapes: a chunk's two pixel lengths (chunk 0's rest, later chunks) compile once each
+        if compiled:  # static shapes: the first chunks compile their few shapes (3 on an H200), in the warm-up session
             model.encoder.compile_step(dynamic=False)
         _ENCODERS[key] = model
     return _ENCODERS[key]
