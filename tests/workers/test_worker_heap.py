@@ -80,7 +80,7 @@ def _drive(role: str, monkeypatch) -> tuple[list, list, dict]:
     sessions, epochs, engine, log = {}, {}, _Engine(), []
     monkeypatch.setattr(common, "trim_heap", lambda: log.append(("trim", len(sessions))))
     for i in range(3):
-        M.send(ours, M.StartSession(session=i, epoch=i, seed=i, prompt="", image_seed=None))
+        M.send(ours, M.StartSession(session=i, epoch=i, seed=i, prompt="", image=None))
     for i in range(3):
         M.send(ours, M.EndSession(session=i))
     M.send(ours, M.Shutdown())
