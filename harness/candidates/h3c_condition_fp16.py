@@ -12,7 +12,7 @@ network (causal 3-D convolutions, RMS norms, one mid-block attention).
 ``-compile`` also ``torch.compile``s the encoder's step (inductor, static shapes; a session's first
 pixel frame runs eagerly, as H3a's decoder does; ``runtime.condition_compile``): the convolutions stay
 cuDNN calls, the RMS norms, SiLUs, padding and concatenations around them fuse. The warm-up session
-pays the compilation (two shapes: chunk 0's frames after the picture, and a later chunk's).
+pays the compilation (a few graphs: three on an H200 at 480×832, in chunks 0–2).
 
 A runtime switch (``runtime.condition_dtype``, ``runtime.condition_chunk``), set before launch:
 the DiT rank builds its encoder in that dtype. fp16 needs a GPU (the CPU has no fp16 3-D

@@ -25,6 +25,7 @@ def _configure(cfg, arg: str):
         raise HarnessError("H6f needs the gather KV path (runtime.kv_path=gather): the paged walk does not run a dense backend")
     return set_runtime(cfg, attention=backend_name(arg))
 
+
 CANDIDATE = Candidate(
     id="H6f",
     name="fp8_attention_fine",

@@ -62,7 +62,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, qk_block: bool, pv: bool) -> T
     """(H, Sq, D), (H, Sk, D), (H, Sk, D) in any float dtype → (H, Sq, D) fp32 with H6f's rounding."""
     q, k, v = q.float(), k.float(), v.float()
     if qk_block:
-        q = to_e4m3(q, amax_scale(q, dim=2)) * amax_scale(q, dim=2)
+        qs = amax_scale(q, dim=2)  # (H, Sq, 1): per query row
+        q = to_e4m3(q, qs) * qs
         ks = key_block_scales(k)
         k = to_e4m3(k, ks) * ks
     vs = amax_scale(v, dim=1) if pv else None  # (H, 1, D): per (head, channel), over the keys

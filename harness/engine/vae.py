@@ -340,7 +340,6 @@ class Decoder(_CompiledStep, nn.Module):
         return self.conv_out(F.silu(self.norm_out(x)), cache, width)
 
 
-
 class Encoder(_CompiledStep, nn.Module):
     """Wan 2.1 encoder: pixels (B, 3, 1+4k, H, W) → (B, 2z, 1+k, H/8, W/8), streaming, unsharded."""
 
