@@ -58,7 +58,7 @@ from torch import Tensor
 from torch._dynamo.utils import counters, get_compilation_metrics
 
 from harness.config import LATENT_CHANNELS, HarnessConfig
-from harness.engine import camera, schedule
+from harness.engine import camera, graph_inputs, schedule
 from harness.engine.attention import AttentionChoice, OutputBuffers
 from harness.engine.conditions import (ImageCondition, SessionConditions, image_condition, model_input, session_image,
                                        session_text_embedding)
@@ -258,7 +258,9 @@ class DitEngine:
         """What dynamo compiled since ``compile`` (process-wide counters): ``frames`` compiled
         (every graph fragment and every recompilation), ``graphs``, ``graph_breaks``,
         ``recompiles`` (frames compiled again after a guard failed, with the last reasons), and
-        ``compiles_per_chunk`` — all zeros after the first chunk when nothing recompiles."""
+        ``compiles_per_chunk`` — all zeros after the first chunk when nothing recompiles. Under
+        CUDA graphs also the graphs recorded and ``cudagraph_input_copies``: the inputs copied
+        into the recorded graphs at every replay, named by source line (``graph_inputs``)."""
         if self.model.compiled_blocks is None:
             return {"mode": self.mode, "compiled": False}
         self._note_compiles()
@@ -270,7 +272,8 @@ class DitEngine:
         out["compiles_per_chunk"] = list(self._compiles_per_chunk)
         out["cudagraphs"] = self.cudagraphs
         if self.cudagraphs:
-            out["cudagraphs_recorded"] = _cudagraphs_recorded(self.device)
+            out["cudagraphs_recorded"] = graph_inputs.recorded(self.device)
+            out["cudagraph_input_copies"] = graph_inputs.copied_inputs(self.device)
         return out
 
     def _note_compiles(self) -> None:
@@ -455,24 +458,6 @@ def _to_device(t: Tensor, device: torch.device) -> Tensor:
     if device.type == "cuda":
         t = t.pin_memory()
     return t.to(device, non_blocking=True)
-
-
-def _cudagraphs_recorded(device: torch.device) -> int | None:
-    """CUDA graphs recorded: nodes of inductor's cudagraph trees (internal API: None when it changed)."""
-    try:  # imported here: 0.85 s that only CUDA-graph runs pay, and an internal API that may move
-        from torch._inductor import cudagraph_trees as trees
-
-        mgr = trees.get_manager(device.index or 0, create_if_none_exists=False)
-        if mgr is None:
-            return 0
-        n, todo = 0, [node for nodes in mgr.roots.values() for node in nodes]
-        while todo:
-            node = todo.pop()
-            n += 1
-            todo.extend(c for cs in node.children.values() for c in cs)
-        return n
-    except Exception:  # noqa: BLE001 - a diagnostic only
-        return None
 
 
 def _dynamo_counts() -> dict[str, int]:

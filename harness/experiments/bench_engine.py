@@ -338,6 +338,8 @@ def _print(res: dict) -> None:
         print(f"  compiled ({c['options'].get('mode')}): warm-up session {res['warmup_s']:.1f} s, "
               f"compilations after it {after}, recompiles {c['recompiles']}"
               + (f", CUDA graphs recorded {c.get('cudagraphs_recorded')}, skipped {c.get('cudagraph_skips')}" if c.get("cudagraphs") else ""))
+        for row in (c.get("cudagraph_input_copies") or [])[:8]:
+            print(f"    copied into {row['graphs']} recorded graph(s) at every replay: {row['input']}")
     g = res["memory_growth_mib"]
     print(f"  memory over {res['sessions']} session(s), last − first (MiB): "
           + ", ".join(f"{k} {v:+.1f}" for k, v in g.items() if v is not None))
