@@ -156,9 +156,10 @@ class RuntimeConfig(_Section):
     #: where the attention cores leave their results: "fresh" (a new tensor per call) or "static"
     #: (one persistent buffer per role, read in place by the CUDA graphs: no input copies, H1d)
     attention_out: Literal["fresh", "static"] = "fresh"
-    #: who writes a chunk's K/V into the window layout's slot: "copy" (the attention core) or
-    #: "append" (the attention kernel itself, where it has an appending form: FA3, H1e)
-    kv_write: Literal["copy", "append"] = "copy"
+    #: who writes a chunk's K/V into the cache: "copy" (the attention core), "append" (the
+    #: attention kernel itself, where it has an appending form: FA3 on the window layout, H1e) or
+    #: "graph" (the block's own code, inside its compiled graph, where the K/V are made: H1f)
+    kv_write: Literal["copy", "append", "graph"] = "copy"
     #: when a chunk's commit pass (the 5th forward, writing its final K/V) runs: "inline", before
     #: its latent is returned, or "deferred" to the DiT's next call, so the latent leaves one
     #: forward sooner (H5b; engine/dit_engine.py)

@@ -30,6 +30,7 @@ MODULES: dict[str, str] = {
     "H1c": "h1c_kv_window",
     "H1d": "h1d_static_attention_out",
     "H1e": "h1e_kv_append",
+    "H1f": "h1f_kv_in_graph",
     "H2a": "h2a_camera_chunk_cache",
     "H3a": "h3a_vae_compile",
     "H3b": "h3b_vae_bf16",

@@ -30,7 +30,9 @@ of the graph, it does not go away).
 Who writes the chunk's K/V into the cache (H1e): by default the attention core copies them into
 the window layout's slot (``kvcache.write``, ≈ 18 ms of copy kernels a 480×832 chunk) and the
 kernel then reads them back. A dense kernel with an appending form (``APPEND_KV``: FA3's append-KV)
-writes them itself, inside the attention kernel, and the copy goes.
+writes them itself, inside the attention kernel, and the copy goes. Or (H1f) the block's own
+compiled code stores them into the pools where it makes them (``dit.store_kv``), and the core is
+handed no K/V to write.
 """
 
 from __future__ import annotations

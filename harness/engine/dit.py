@@ -201,13 +201,23 @@ class ForwardContext:
     attend_writes_into: bool = False  # ``attend`` takes out= (attention.WRITES_INTO)
     #: the dense kernel's appending form when the chunk's K/V are to be written by it (H1e), else None
     append: AppendFn | None = None
-    #: "append": the attention kernel writes the chunk's K/V where it can (H1e); "copy"
+    #: "append": the attention kernel writes the chunk's K/V where it can (H1e); "graph": the
+    #: block's traced code writes them where it makes them (H1f, ``kv_destination``); "copy"
     kv_write: str = "copy"
     #: where the attention cores leave their results (H1d); None: a new tensor every call
     outputs: OutputBuffers | None = None
     #: Where each block's camera (scale, shift) comes from in this chunk's forwards (one object
     #: per chunk, made by ``DitEngine.camera_modulation``).
     camera: CameraModulation = field(default_factory=CameraModulation)
+
+    def kv_destination(self, layer: int) -> tuple[Tensor, Tensor, Tensor] | None:
+        """Where block ``layer``'s own code writes the chunk's K/V (H1f: ``store_kv``), or None:
+        the attention core copies them ("copy"), the kernel appends them ("append"), the cache
+        stores something else than K/V (FP8), or under SP, where the chunk's K/V reach their
+        heads' ranks only in the core's all-to-all. Read outside traced code (the layer index)."""
+        if self.kv_write != "graph" or self.group.active:
+            return None
+        return self.cache.graph_destination(layer, self.kv)
 
 
 # ---- modules -------------------------------------------------------------------------------------
@@ -263,7 +273,9 @@ class SelfAttention(_Attention):
             lin.bias = nn.Parameter(b[i * self.dim : (i + 1) * self.dim], requires_grad=False)
         self._qkv_w, self._qkv_b = w, b
 
-    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+    def forward(self, x: Tensor, ctx: ForwardContext, kv_dest: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
+        """``kv_dest`` (``ForwardContext.kv_destination``): the chunk's K/V go into the cache here,
+        where they are made, and the attention core reads them from there (H1f)."""
         w = self._qkv_w
         if w is None or w.device != self.q.weight.device or w.dtype != self.q.weight.dtype:
             raise HarnessError("fused QKV is stale: call model.fuse_qkv_() after moving or casting the model")
@@ -271,7 +283,11 @@ class SelfAttention(_Attention):
         q, k, v = F.linear(x, w, self._qkv_b).split(self.dim, dim=-1)
         q = apply_rope(self.norm_q(q).view(n, h, d), ctx.rope, x.dtype)
         k = apply_rope(self.norm_k(k).view(n, h, d), ctx.rope, x.dtype)
-        return self.o(attend_cache(self, q, k, v.view(n, h, d), ctx).reshape(n, self.dim))
+        v = v.view(n, h, d)
+        if kv_dest is not None:
+            store_kv(kv_dest, k, v)
+            k = v = None
+        return self.o(attend_cache(self, q, k, v, ctx).reshape(n, self.dim))
 
 
 class CrossAttention(_Attention):
@@ -288,6 +304,18 @@ class CrossAttention(_Attention):
         return self.o(attend_text(self, q, ctx).reshape(n, self.dim))
 
 
+def store_kv(dest: tuple[Tensor, Tensor, Tensor], k: Tensor, v: Tensor) -> None:
+    """The chunk's k, v (n, H, D) into their blocks of the pools ``dest`` (K pool, V pool, block
+    ids), from the block's own code (H1f). Compiled, the store is part of the graph, so inductor
+    fuses it into the kernels that make K (the norm + RoPE kernel stores straight into the pool)
+    and V, and no copy kernel runs between the graph and the attention core; in eager it is the
+    same ``index_copy_`` the paged cache's write runs, so the values are the same either way."""
+    k_pool, v_pool, ids = dest
+    shape = (-1, k_pool.shape[1], *k.shape[1:])
+    k_pool.index_copy_(0, ids, k.reshape(shape))
+    v_pool.index_copy_(0, ids, v.reshape(shape))
+
+
 # The attention cores run outside compiled graphs (``torch.compiler.disable``: a graph break in
 # compiled mode, a plain call in eager). They hold everything a compiled block must not see: the
 # self-attention K length grows chunk by chunk until the window saturates, the KV pool write and
@@ -298,7 +326,8 @@ class CrossAttention(_Attention):
 @torch.compiler.disable
 def attend_cache(attn: SelfAttention, q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext) -> Tensor:
     """Chunk q/k/v (n_local, H, D) → attention output (n_local, H, D) over cache + chunk (with
-    output buffers, H1d: the role's persistent (n_local, H·D) view holding it)."""
+    output buffers, H1d: the role's persistent (n_local, H·D) view holding it). k, v None: the
+    block wrote them into the cache already (H1f)."""
     layer = attn.layer
     out = None if ctx.outputs is None else ctx.outputs.take("self_attention", q)
     if ctx.group.active:
@@ -309,7 +338,8 @@ def attend_cache(attn: SelfAttention, q: Tensor, k: Tensor, v: Tensor, ctx: Forw
         with hctx.phase(role="self_attention"):
             o = ctx.cache.attend_appending(layer, ctx.kv, q, k, v, append=append)
     else:
-        ctx.cache.write(layer, ctx.kv, k, v)
+        if k is not None:
+            ctx.cache.write(layer, ctx.kv, k, v)
         attend = writing_into(ctx.attend, out) if into and ctx.attend_writes_into else ctx.attend
         with hctx.phase(role="self_attention"):
             o = ctx.cache.attend(layer, ctx.kv, q, ctx.kv_fn, attend=attend, group_blocks=ctx.group_blocks)
@@ -353,13 +383,15 @@ class Block(nn.Module):
         h = self.cam_injector_layer2(F.silu(self.cam_injector_layer1(c))) + c
         return self.cam_scale_layer(h), self.cam_shift_layer(h)
 
-    def forward(self, x: Tensor, e0: Tensor, cam: tuple[Tensor, Tensor], ctx: ForwardContext) -> Tensor:
+    def forward(self, x: Tensor, e0: Tensor, cam: tuple[Tensor, Tensor], ctx: ForwardContext,
+                kv_dest: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
         """x: the fp32 residual stream (n_local, dim); e0 (frames, 6, dim) fp32; ``cam``: this
-        block's ``camera(c)``. norm1/norm2 are LayerNorms without affine parameters."""
+        block's ``camera(c)``; ``kv_dest``: see ``SelfAttention.forward``. norm1/norm2 are
+        LayerNorms without affine parameters."""
         lay, dt = ctx.layout, self.modulation.dtype
         mod = (self.modulation.float() + e0).unbind(1)
         shift_msa, scale_msa, gate_msa, shift_ffn, scale_ffn, gate_ffn = mod
-        y = self.self_attn(lay.modulate(layer_norm32(x, self.eps), shift_msa, scale_msa).to(dt), ctx)
+        y = self.self_attn(lay.modulate(layer_norm32(x, self.eps), shift_msa, scale_msa).to(dt), ctx, kv_dest)
         x = lay.gated_add(x, y, gate_msa)
         cam_scale, cam_shift = cam
         x = torch.addcmul(cam_shift.float(), x, cam_scale.float() + 1)
@@ -451,7 +483,7 @@ class WanDiT(nn.Module):
     def _block(self, i: int, x: Tensor, e0: Tensor, c: Tensor | None, ctx: ForwardContext) -> Tensor:
         block = self.blocks[i]
         fwd, camera = (block, block.camera) if self.compiled_blocks is None else self.compiled_blocks[i]
-        return fwd(x, e0, ctx.camera.block(i, camera, c), ctx)
+        return fwd(x, e0, ctx.camera.block(i, camera, c), ctx, ctx.kv_destination(i))
 
     # -- compiled mode --
     def compile_blocks(self, **options) -> None:

@@ -20,9 +20,10 @@ Execution mode (``cfg.runtime.mode``): "eager" is the numerical reference. "comp
 every DiT block with ``torch.compile`` (inductor; on CUDA mode ``reduce-overhead``, i.e. CUDA
 graphs through cudagraph trees, overridable with ``compile_mode=`` or ``HARNESS_COMPILE_MODE``).
 The attention cores stay outside the graphs (``dit.attend_cache``), so the K length that grows
-until the window saturates, the block tables and the KV writes never reach a compiled graph: the
-graphs see the same shapes in every chunk and every layer without padding the block table to a
-fixed maximum. One set of graphs, traced in the first forward, serves every chunk and every layer;
+until the window saturates and the block tables never reach a compiled graph (with H1f the KV
+write does, as a store by a block-id tensor of the chunk's fixed size, in place into pools that
+are static addresses): the graphs see the same shapes in every chunk and every layer without
+padding the block table to a fixed maximum. One set of graphs, traced in the first forward, serves every chunk and every layer;
 under CUDA graphs each (layer, fragment) position is recorded once, in the second chunk, and
 replayed after. A chunk is one cudagraph "generation" (``cudagraph_mark_step_begin``): tensors of
 the chunk's forwards (the H2a camera cache) stay valid through the chunk.

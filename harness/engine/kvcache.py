@@ -96,6 +96,7 @@ class PagedKVCache:
         self._sessions: dict[int, SessionKV] = {}
         self._ids = itertools.count()
         self.slot_blocks = window_frames * self.blocks_per_frame
+        self._static_marked = False
 
     @classmethod
     def from_config(cls, cfg: HarnessConfig, *, sp: int, dtype: torch.dtype, device: torch.device) -> "PagedKVCache":
@@ -239,6 +240,22 @@ class PagedKVCache:
             return
         self.k[layer].index_copy_(0, s.current_ids, k.reshape(shape))
         self.v[layer].index_copy_(0, s.current_ids, v.reshape(shape))
+
+    def graph_destination(self, layer: int, s: SessionKV) -> tuple[Tensor, Tensor, Tensor] | None:
+        """(K pool, V pool, the chunk in flight's block ids) of a layer, for the block's traced code
+        to write the chunk's K/V into itself (``dit.store_kv``, H1f); None in a cache that stores
+        something else than the K/V it is given. The pools are marked static addresses the first
+        time: CUDA graphs then write them in place, where an input not static would be copied
+        into the graph (a whole pool) before every replay."""
+        if not self.appends:
+            return None
+        if not self._static_marked:
+            from torch._dynamo import mark_static_address  # dynamo only where a graph writes them
+
+            for pool in (*self.k, *self.v):
+                mark_static_address(pool)
+            self._static_marked = True
+        return self.k[layer], self.v[layer], s.current_ids
 
     def attend(self, layer: int, s: SessionKV, q: Tensor, kv_fn, *, attend, group_blocks: int) -> Tensor:
         """Self-attention of the chunk's queries over the session's visible K/V through a KV path
