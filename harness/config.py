@@ -138,6 +138,9 @@ class RuntimeConfig(_Section):
     device: Device = "cuda"
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     vae_dtype: Literal["float32", "bfloat16"] = "float32"
+    #: the DiT's residual stream: "float32" (Wan's reference numerics) or "runtime" — the runtime
+    #: dtype, rounded after every residual add where vLLM-Omni's transformer rounds it (H2b)
+    residual: Literal["float32", "runtime"] = "float32"
     #: the image condition's VAE encoder in the DiT rank (engine/image.py): its dtype ("" = vae_dtype),
     #: and whether a chunk's latent frames go through it in one forward with cuDNN autotuning (H3c)
     condition_dtype: Literal["", "float32", "bfloat16", "float16"] = ""

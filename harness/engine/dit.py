@@ -20,7 +20,11 @@ gated residual adds are fp32, rounded to the runtime dtype only where a GEMM or 
 kernel reads them. Besides matching the reference model, this is what lets the compiled mode pass
 the threshold gate against eager: a bf16 rounding between two elementwise ops is exactly what
 inductor's fusion removes, so eager must not have one there either. The velocity leaves the model
-in fp32 for the scheduler.
+in fp32 for the scheduler. vLLM-Omni's transformer keeps the residual stream in the model dtype
+instead, rounding it after each of a block's four residual updates; ``ForwardContext.residual``
+(H2b) does the same, with its camera update in that dtype's arithmetic as production's is. Norms,
+modulation and RoPE stay fp32 either way; rounding points are explicit casts, which inductor keeps
+(``emulate_precision_casts``).
 """
 
 from __future__ import annotations
@@ -85,8 +89,8 @@ class TokenLayout:
         return out
 
     def gated_add(self, x: Tensor, y: Tensor, gate: Tensor) -> Tensor:
-        """x + y·gate[f] in x's dtype (the fp32 residual stream; y may be bf16). A new tensor, not
-        an in-place add: a CUDA graph must not mutate its inputs, and x is one."""
+        """x + y·gate[f], computed in fp32 (the gate is; y may be bf16): x's dtype for the fp32
+        residual stream, the caller rounds any other (H2b). A new tensor, not an in-place add: a CUDA graph must not mutate its inputs, and x is one."""
         if self.aligned:
             f0, k = self.start // self.tpf, self.n // self.tpf
             out = torch.addcmul(x.view(k, self.tpf, -1), y.view(k, self.tpf, -1), gate[f0 : f0 + k, None])
@@ -206,6 +210,8 @@ class ForwardContext:
     kv_write: str = "copy"
     #: where the attention cores leave their results (H1d); None: a new tensor every call
     outputs: OutputBuffers | None = None
+    #: the residual stream's dtype: fp32, or the runtime dtype as vLLM-Omni keeps it (H2b)
+    residual: torch.dtype = torch.float32
     #: Where each block's camera (scale, shift) comes from in this chunk's forwards (one object
     #: per chunk, made by ``DitEngine.camera_modulation``).
     camera: CameraModulation = field(default_factory=CameraModulation)
@@ -234,9 +240,17 @@ class RMSNorm(nn.Module):
 
 
 def layer_norm32(x: Tensor, eps: float, norm: nn.LayerNorm | None = None) -> Tensor:
-    """LayerNorm of the fp32 residual stream in fp32, with ``norm``'s affine parameters if given."""
+    """LayerNorm of the residual stream in fp32, with ``norm``'s affine parameters if given."""
     w, b = (None, None) if norm is None else (norm.weight.float(), norm.bias.float())
-    return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+    return F.layer_norm(x.float(), (x.shape[-1],), w, b, eps)
+
+
+def camera_update(x: Tensor, scale: Tensor, shift: Tensor) -> Tensor:
+    """x·(1 + scale) + shift: in fp32 on the fp32 residual stream, and in the stream's own dtype
+    otherwise, as vLLM-Omni's block computes it (scale and shift are the GEMMs' bf16 outputs)."""
+    if x.dtype == torch.float32:
+        return torch.addcmul(shift.float(), x, scale.float() + 1)
+    return ((1 + scale) * x + shift).to(x.dtype)
 
 
 class _Attention(nn.Module):
@@ -385,19 +399,18 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, e0: Tensor, cam: tuple[Tensor, Tensor], ctx: ForwardContext,
                 kv_dest: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
-        """x: the fp32 residual stream (n_local, dim); e0 (frames, 6, dim) fp32; ``cam``: this
+        """x: the residual stream (n_local, dim), fp32 or ``ctx.residual``; e0 (frames, 6, dim) fp32; ``cam``: this
         block's ``camera(c)``; ``kv_dest``: see ``SelfAttention.forward``. norm1/norm2 are
         LayerNorms without affine parameters."""
         lay, dt = ctx.layout, self.modulation.dtype
         mod = (self.modulation.float() + e0).unbind(1)
         shift_msa, scale_msa, gate_msa, shift_ffn, scale_ffn, gate_ffn = mod
         y = self.self_attn(lay.modulate(layer_norm32(x, self.eps), shift_msa, scale_msa).to(dt), ctx, kv_dest)
-        x = lay.gated_add(x, y, gate_msa)
-        cam_scale, cam_shift = cam
-        x = torch.addcmul(cam_shift.float(), x, cam_scale.float() + 1)
+        x = lay.gated_add(x, y, gate_msa).to(ctx.residual)
+        x = camera_update(x, *cam)
         x = x + self.cross_attn(layer_norm32(x, self.eps, self.norm3).to(dt), ctx)
         y = self.ffn(lay.modulate(layer_norm32(x, self.eps), shift_ffn, scale_ffn).to(dt))
-        return lay.gated_add(x, y, gate_ffn)
+        return lay.gated_add(x, y, gate_ffn).to(ctx.residual)
 
 
 class Head(nn.Module):
@@ -408,7 +421,7 @@ class Head(nn.Module):
         self.modulation = nn.Parameter(torch.zeros(1, 2, m.dim, dtype=dtype))
 
     def forward(self, x: Tensor, e: Tensor, layout: TokenLayout) -> Tensor:
-        """x fp32 residual stream, e (frames, dim) fp32."""
+        """x the residual stream, e (frames, dim) fp32."""
         shift, scale = (self.modulation.float() + e[:, None]).unbind(1)
         x = layout.modulate(layer_norm32(x, self.eps), shift, scale)
         return self.head(x.to(self.head.weight.dtype))
@@ -462,7 +475,7 @@ class WanDiT(nn.Module):
         ctx.append = self.attention_choice.appender(ctx.kv_fn) if ctx.kv_write == "append" else None
         lay, dtype = ctx.layout, self.patch_embedding.weight.dtype
         x = self.patch_embedding(x_in.to(dtype).unsqueeze(0)).flatten(2)[0]  # (dim, N)
-        x = x[:, lay.start : lay.end].t().float().contiguous()  # the residual stream is fp32 (see the top)
+        x = x[:, lay.start : lay.end].t().to(ctx.residual).contiguous()  # fp32 unless H2b (see the top)
         e = self.time_embedding(t_freq.to(dtype))  # (F, dim)
         e0 = self.time_projection(e).float().unflatten(1, (6, self.cfg.dim))
         e = e.float()

@@ -139,6 +139,8 @@ class DitEngine:
         #: who writes the chunk's K/V into the cache: "copy" (the attention core) or "append" (the
         #: attention kernel, where it has an appending form: H1e); read per chunk
         self.kv_write = cfg.runtime.kv_write
+        #: the residual stream's dtype: "float32" or "runtime" (the runtime dtype, H2b); read per chunk
+        self.residual = cfg.runtime.residual
         self.attention_out = cfg.runtime.attention_out
         #: the chunk whose commit pass waits for the engine's next call ("deferred" commit, H5b)
         self._pending: DenoisedChunk | None = None
@@ -349,7 +351,8 @@ class DitEngine:
         session.kv_tokens.append(self.cache.visible_tokens(session.kv))
         ctx = ForwardContext(group=self.group, layout=self.layout, grid=self.grid, rope=self.rope.for_chunk(first),
                              cache=self.cache, kv=session.kv, text_kv=session.text_kv, group_blocks=self.group_blocks,
-                             camera=self.camera_modulation(), outputs=self.outputs, kv_write=self.kv_write)
+                             camera=self.camera_modulation(), outputs=self.outputs, kv_write=self.kv_write,
+                             residual=self.dtype if self.residual == "runtime" else torch.float32)
         if self.hooks:
             self._emit("chunk_start", session=session.sid, chunk=session.chunk, kv_tokens=session.kv_tokens[-1])
 
