@@ -4,7 +4,8 @@ The store by block id fills a pool exactly as the attention core's write does, i
 through saturation, eviction and chunks dropped before their commit. Whole engines give the same
 latent bytes with the switch on and off, eager and compiled (where the store is part of the
 block's graph: the core writes nothing, and nothing recompiles after the first chunk), on one rank
-and under SP with 2 and 4 ranks (where the core keeps the write)."""
+and under SP with 2 and 4 ranks (where the core keeps the write), and with H5b's deferred commits
+of two interleaved sessions."""
 
 from __future__ import annotations
 
@@ -145,3 +146,24 @@ def test_candidate_sets_the_switch_and_refuses_its_conflicts():
     for other in ("H1e", "H6d:emulated"):
         with pytest.raises(HarnessError, match="conflict"):
             C.configure(["H1f", other], load_preset("tiny"))
+
+
+def test_deferred_commits_of_interleaved_sessions_store_into_their_own_blocks():
+    """With H5b a session's commit pass runs at the engine's next call — here the other session's
+    chunk — so the K/V the graph stores must go by the committing session's block ids, not the
+    caller's: two window-layout sessions in turn give the inline, copying engine's bytes."""
+    def interleaved(kv_write: str, commit: str) -> list[list[bytes]]:
+        cfg = override(_cfg(), runtime={"kv_write": kv_write, "commit": commit, "kv_layout": "window"},
+                       cache={"max_sessions": 2})
+        eng = DitEngine(cfg, group=RankGroup.single(), device=torch.device("cpu"), seed=3)
+        sessions = [eng.start_session(SessionConditions(prompt="h1f", seed=seed)) for seed in (11, 12)]
+        out: list[list[bytes]] = [[], []]
+        for c in range(CHUNKS):
+            for s, got in zip(sessions, out):
+                got.append(eng.generate_chunk(s, ACTIONS[c % 4]).numpy().tobytes())
+        for s in sessions:
+            eng.end_session(s)
+        assert eng.kv_stats()["blocks_used"] == 0
+        return out
+
+    assert interleaved("graph", "deferred") == interleaved("copy", "inline")
