@@ -141,6 +141,9 @@ class RuntimeConfig(_Section):
     #: the DiT's residual stream: "float32" (Wan's reference numerics) or "runtime" — the runtime
     #: dtype, rounded after every residual add where vLLM-Omni's transformer rounds it (H2b)
     residual: Literal["float32", "runtime"] = "float32"
+    #: where a DiT block's last residual add (its gated FFN output) runs: "own", at the block's end,
+    #: or "next", at the next block's start, where compiled it fuses with that block's first norm (H2c)
+    ffn_residual: Literal["own", "next"] = "own"
     #: the image condition's VAE encoder in the DiT rank (engine/image.py): its dtype ("" = vae_dtype),
     #: and whether a chunk's latent frames go through it in one forward with cuDNN autotuning (H3c)
     condition_dtype: Literal["", "float32", "bfloat16", "float16"] = ""

@@ -33,6 +33,7 @@ MODULES: dict[str, str] = {
     "H1f": "h1f_kv_in_graph",
     "H2a": "h2a_camera_chunk_cache",
     "H2b": "h2b_residual_runtime_dtype",
+    "H2c": "h2c_ffn_residual_next",
     "H3a": "h3a_vae_compile",
     "H3b": "h3b_vae_bf16",
     "H3c": "h3c_condition_fp16",

@@ -90,7 +90,8 @@ class TokenLayout:
 
     def gated_add(self, x: Tensor, y: Tensor, gate: Tensor) -> Tensor:
         """x + y·gate[f], computed in fp32 (the gate is; y may be bf16): x's dtype for the fp32
-        residual stream, the caller rounds any other (H2b). A new tensor, not an in-place add: a CUDA graph must not mutate its inputs, and x is one."""
+        residual stream, the caller rounds any other (H2b). A new tensor, not an in-place add: a
+        CUDA graph must not mutate its inputs, and x is one."""
         if self.aligned:
             f0, k = self.start // self.tpf, self.n // self.tpf
             out = torch.addcmul(x.view(k, self.tpf, -1), y.view(k, self.tpf, -1), gate[f0 : f0 + k, None])
@@ -212,6 +213,9 @@ class ForwardContext:
     outputs: OutputBuffers | None = None
     #: the residual stream's dtype: fp32, or the runtime dtype as vLLM-Omni keeps it (H2b)
     residual: torch.dtype = torch.float32
+    #: where a block's last residual add (the gated FFN output) runs: "own" (the block's end) or
+    #: "next" (the next block's start, fused with its first norm; the head's for the last: H2c)
+    ffn_residual: str = "own"
     #: Where each block's camera (scale, shift) comes from in this chunk's forwards (one object
     #: per chunk, made by ``DitEngine.camera_modulation``).
     camera: CameraModulation = field(default_factory=CameraModulation)
@@ -398,11 +402,17 @@ class Block(nn.Module):
         return self.cam_scale_layer(h), self.cam_shift_layer(h)
 
     def forward(self, x: Tensor, e0: Tensor, cam: tuple[Tensor, Tensor], ctx: ForwardContext,
-                kv_dest: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
-        """x: the residual stream (n_local, dim), fp32 or ``ctx.residual``; e0 (frames, 6, dim) fp32; ``cam``: this
-        block's ``camera(c)``; ``kv_dest``: see ``SelfAttention.forward``. norm1/norm2 are
-        LayerNorms without affine parameters."""
+                kv_dest: tuple[Tensor, Tensor, Tensor] | None = None,
+                carried: tuple[Tensor, Tensor] | None = None) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+        """x: the residual stream (n_local, dim), fp32 or ``ctx.residual``; e0 (frames, 6, dim)
+        fp32; ``cam``: this block's ``camera(c)``; ``kv_dest``: see ``SelfAttention.forward``.
+        norm1/norm2 are LayerNorms without affine parameters. With ``ctx.ffn_residual == "next"`` (H2c) the block
+        starts with the previous block's last residual add (``carried``: its FFN output and gate),
+        so that compiled it fuses with this block's first norm instead of writing the stream and
+        reading it back across a graph boundary, and returns (x, its FFN output, its gate) unadded."""
         lay, dt = ctx.layout, self.modulation.dtype
+        if carried is not None:
+            x = carried_add(lay, x, carried, ctx.residual)
         mod = (self.modulation.float() + e0).unbind(1)
         shift_msa, scale_msa, gate_msa, shift_ffn, scale_ffn, gate_ffn = mod
         y = self.self_attn(lay.modulate(layer_norm32(x, self.eps), shift_msa, scale_msa).to(dt), ctx, kv_dest)
@@ -410,7 +420,14 @@ class Block(nn.Module):
         x = camera_update(x, *cam)
         x = x + self.cross_attn(layer_norm32(x, self.eps, self.norm3).to(dt), ctx)
         y = self.ffn(lay.modulate(layer_norm32(x, self.eps), shift_ffn, scale_ffn).to(dt))
-        return lay.gated_add(x, y, gate_ffn).to(ctx.residual)
+        if ctx.ffn_residual == "next":
+            return x, y, gate_ffn
+        return carried_add(lay, x, (y, gate_ffn), ctx.residual)
+
+
+def carried_add(layout: TokenLayout, x: Tensor, carried: tuple[Tensor, Tensor], residual: torch.dtype) -> Tensor:
+    """A block's last residual add, carried out of it (H2c): x + FFN output · gate, rounded to the stream."""
+    return layout.gated_add(x, *carried).to(residual)
 
 
 class Head(nn.Module):
@@ -447,6 +464,9 @@ class WanDiT(nn.Module):
         self.attention_choice = AttentionChoice()
         #: Per block, the compiled (forward, camera) pair; None runs the blocks eagerly.
         self.compiled_blocks: tuple[tuple, ...] | None = None
+        #: The last block's carried residual add (H2c); compiled with the blocks, so that it is the
+        #: same generated code as the add it replaces at the end of a compiled block
+        self.last_add = carried_add
 
     def fuse_qkv_(self) -> "WanDiT":
         for b in self.blocks:
@@ -483,20 +503,30 @@ class WanDiT(nn.Module):
         if ctx.camera.needs_tokens(len(self.blocks)):
             c = self.patch_embedding_wancamctrl(cam)
             c = c + self.c2ws_hidden_states_layer2(F.silu(self.c2ws_hidden_states_layer1(c)))
-        if hctx.ACTIVE:  # per-layer phases only when a hook consumes them
-            for i in range(len(self.blocks)):
-                with hctx.phase(layer=i):
-                    x = self._block(i, x, e0, c, ctx)
-        else:
-            for i in range(len(self.blocks)):
-                x = self._block(i, x, e0, c, ctx)
+        x = self._blocks(x, e0, c, ctx)
         out = gather_tokens(self.head(x, e, lay).float(), ctx.group)
         return unpatchify(out, ctx.grid, self.cfg.patch_size, self.cfg.out_channels)
 
-    def _block(self, i: int, x: Tensor, e0: Tensor, c: Tensor | None, ctx: ForwardContext) -> Tensor:
+    def _blocks(self, x: Tensor, e0: Tensor, c: Tensor | None, ctx: ForwardContext) -> Tensor:
+        """The blocks in turn; with H2c each hands its last residual add to the next (the last one's
+        runs here). Under a hook, per-layer phases (a carried add counts in the next layer's)."""
+        carried = None
+        for i in range(len(self.blocks)):
+            if hctx.ACTIVE:  # per-layer phases only when a hook consumes them
+                with hctx.phase(layer=i):
+                    out = self._block(i, x, e0, c, ctx, carried)
+            else:
+                out = self._block(i, x, e0, c, ctx, carried)
+            x, carried = (out[0], out[1:]) if ctx.ffn_residual == "next" else (out, None)
+        if carried is not None:
+            x = self.last_add(ctx.layout, x, carried, ctx.residual)
+        return x
+
+    def _block(self, i: int, x: Tensor, e0: Tensor, c: Tensor | None, ctx: ForwardContext,
+               carried: tuple[Tensor, Tensor] | None) -> Tensor | tuple[Tensor, Tensor, Tensor]:
         block = self.blocks[i]
         fwd, camera = (block, block.camera) if self.compiled_blocks is None else self.compiled_blocks[i]
-        return fwd(x, e0, ctx.camera.block(i, camera, c), ctx, ctx.kv_destination(i))
+        return fwd(x, e0, ctx.camera.block(i, camera, c), ctx, ctx.kv_destination(i), carried)
 
     # -- compiled mode --
     def compile_blocks(self, **options) -> None:
@@ -504,9 +534,11 @@ class WanDiT(nn.Module):
         blocks share one code object, so the graph is traced once and reused by every layer."""
         self.compiled_blocks = tuple((torch.compile(b, **options), torch.compile(b.camera, **options))
                                      for b in self.blocks)
+        self.last_add = torch.compile(carried_add, **options)
 
     def uncompile_blocks(self) -> None:
         self.compiled_blocks = None
+        self.last_add = carried_add
 
 
 def unpatchify(x: Tensor, grid: tuple[int, int, int], patch: tuple[int, int, int], channels: int) -> Tensor:

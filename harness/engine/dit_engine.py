@@ -141,6 +141,8 @@ class DitEngine:
         self.kv_write = cfg.runtime.kv_write
         #: the residual stream's dtype: "float32" or "runtime" (the runtime dtype, H2b); read per chunk
         self.residual = cfg.runtime.residual
+        #: where a block's last residual add runs: "own" or "next" (H2c); read per chunk
+        self.ffn_residual = cfg.runtime.ffn_residual
         self.attention_out = cfg.runtime.attention_out
         #: the chunk whose commit pass waits for the engine's next call ("deferred" commit, H5b)
         self._pending: DenoisedChunk | None = None
@@ -352,7 +354,8 @@ class DitEngine:
         ctx = ForwardContext(group=self.group, layout=self.layout, grid=self.grid, rope=self.rope.for_chunk(first),
                              cache=self.cache, kv=session.kv, text_kv=session.text_kv, group_blocks=self.group_blocks,
                              camera=self.camera_modulation(), outputs=self.outputs, kv_write=self.kv_write,
-                             residual=self.dtype if self.residual == "runtime" else torch.float32)
+                             residual=self.dtype if self.residual == "runtime" else torch.float32,
+                             ffn_residual=self.ffn_residual)
         if self.hooks:
             self._emit("chunk_start", session=session.sid, chunk=session.chunk, kv_tokens=session.kv_tokens[-1])
 
