@@ -144,6 +144,9 @@ class RuntimeConfig(_Section):
     #: where a DiT block's last residual add (its gated FFN output) runs: "own", at the block's end,
     #: or "next", at the next block's start, where compiled it fuses with that block's first norm (H2c)
     ffn_residual: Literal["own", "next"] = "own"
+    #: how the host-made values the DiT blocks read (RoPE table, modulation, camera tokens) reach
+    #: them: "fresh" tensors, or "static" buffers the CUDA graphs read in place (H1g)
+    block_inputs: Literal["fresh", "static"] = "fresh"
     #: the image condition's VAE encoder in the DiT rank (engine/image.py): its dtype ("" = vae_dtype),
     #: and whether a chunk's latent frames go through it in one forward with cuDNN autotuning (H3c)
     condition_dtype: Literal["", "float32", "bfloat16", "float16"] = ""

@@ -31,6 +31,7 @@ MODULES: dict[str, str] = {
     "H1d": "h1d_static_attention_out",
     "H1e": "h1e_kv_append",
     "H1f": "h1f_kv_in_graph",
+    "H1g": "h1g_static_block_inputs",
     "H2a": "h2a_camera_chunk_cache",
     "H2b": "h2b_residual_runtime_dtype",
     "H2c": "h2c_ffn_residual_next",

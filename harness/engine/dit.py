@@ -42,6 +42,7 @@ from harness.engine.attention import (AppendFn, AttentionChoice, DenseFn, KvPath
                                       settle, writing_into)
 from harness.engine.groups import RankGroup
 from harness.engine.kvcache import PagedKVCache, SessionKV
+from harness.engine.static_inputs import StaticInputs
 from harness.engine.ulysses import gather_tokens, heads_to_seq, seq_to_heads
 from harness.errors import HarnessError
 from harness.hooks import context as hctx
@@ -216,6 +217,9 @@ class ForwardContext:
     #: where a block's last residual add (the gated FFN output) runs: "own" (the block's end) or
     #: "next" (the next block's start, fused with its first norm; the head's for the last: H2c)
     ffn_residual: str = "own"
+    #: where the host-made values the blocks read (modulation, camera tokens) are handed on: None,
+    #: fresh tensors; or persistent static-address buffers, read in place by CUDA graphs (H1g)
+    inputs: StaticInputs | None = None
     #: Where each block's camera (scale, shift) comes from in this chunk's forwards (one object
     #: per chunk, made by ``DitEngine.camera_modulation``).
     camera: CameraModulation = field(default_factory=CameraModulation)
@@ -503,6 +507,9 @@ class WanDiT(nn.Module):
         if ctx.camera.needs_tokens(len(self.blocks)):
             c = self.patch_embedding_wancamctrl(cam)
             c = c + self.c2ws_hidden_states_layer2(F.silu(self.c2ws_hidden_states_layer1(c)))
+        if ctx.inputs is not None:  # H1g: one copy here instead of one into every graph reading them
+            e0 = ctx.inputs.hold("modulation", e0)
+            c = None if c is None else ctx.inputs.hold("camera_tokens", c)
         x = self._blocks(x, e0, c, ctx)
         out = gather_tokens(self.head(x, e, lay).float(), ctx.group)
         return unpatchify(out, ctx.grid, self.cfg.patch_size, self.cfg.out_channels)

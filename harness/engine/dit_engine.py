@@ -67,6 +67,7 @@ from harness.engine.dit import CameraModulation, ForwardContext, RopeTables, Tok
 from harness.engine.groups import RankGroup
 from harness.engine.kvcache import PagedKVCache, SessionKV
 from harness.engine.noise import SessionNoise
+from harness.engine.static_inputs import StaticInputs
 from harness.engine.ulysses import token_range
 from harness.engine.weights import init_weights, load_weights
 from harness.errors import HarnessError
@@ -143,6 +144,9 @@ class DitEngine:
         self.residual = cfg.runtime.residual
         #: where a block's last residual add runs: "own" or "next" (H2c); read per chunk
         self.ffn_residual = cfg.runtime.ffn_residual
+        #: static-address homes of the blocks' host-made inputs (H1g), or None; read per chunk
+        self.inputs: StaticInputs | None = None
+        self.block_inputs = cfg.runtime.block_inputs
         self.attention_out = cfg.runtime.attention_out
         #: the chunk whose commit pass waits for the engine's next call ("deferred" commit, H5b)
         self._pending: DenoisedChunk | None = None
@@ -214,6 +218,19 @@ class DitEngine:
             raise HarnessError(f"attention_out must be fresh or static, got {how!r}")
         if how != self.attention_out:
             self.outputs = OutputBuffers() if how == "static" else None
+
+    @property
+    def block_inputs(self) -> str:
+        """Where the blocks' host-made inputs (RoPE table, modulation, camera tokens) are handed on:
+        "static" through ``self.inputs`` (H1g), or "fresh" tensors."""
+        return "fresh" if self.inputs is None else "static"
+
+    @block_inputs.setter
+    def block_inputs(self, how: str) -> None:
+        if how not in ("fresh", "static"):
+            raise HarnessError(f"block_inputs must be fresh or static, got {how!r}")
+        if how != self.block_inputs:
+            self.inputs = StaticInputs() if how == "static" else None
 
     @property
     def commit(self) -> str:
@@ -351,11 +368,14 @@ class DitEngine:
         y = image_condition(session.image, session.chunk, self.frames, *self.latent_hw, device=self.device, dtype=self.dtype)
         self.cache.begin_chunk(session.kv, self.frames)
         session.kv_tokens.append(self.cache.visible_tokens(session.kv))
-        ctx = ForwardContext(group=self.group, layout=self.layout, grid=self.grid, rope=self.rope.for_chunk(first),
+        rope = self.rope.for_chunk(first)
+        if self.inputs is not None:
+            rope = self.inputs.hold("rope", rope)
+        ctx = ForwardContext(group=self.group, layout=self.layout, grid=self.grid, rope=rope,
                              cache=self.cache, kv=session.kv, text_kv=session.text_kv, group_blocks=self.group_blocks,
                              camera=self.camera_modulation(), outputs=self.outputs, kv_write=self.kv_write,
                              residual=self.dtype if self.residual == "runtime" else torch.float32,
-                             ffn_residual=self.ffn_residual)
+                             ffn_residual=self.ffn_residual, inputs=self.inputs)
         if self.hooks:
             self._emit("chunk_start", session=session.sid, chunk=session.chunk, kv_tokens=session.kv_tokens[-1])
 
