@@ -14,17 +14,16 @@ import torch
 
 from harness import candidates as C
 from harness.config import load_preset, override
-from harness.engine.conditions import SessionConditions
 from harness.engine.dit_engine import DitEngine
 from harness.engine.groups import RankGroup, run_ranks
 from harness.experiments.ab_engine import ENGINE_SWITCHES
 from harness.hooks import context as hctx
 from harness.measure.gates import latent_metrics, latent_passes
 from tests.helpers.ranks import assert_ranks_match
+from tests.helpers.sessions import session_bytes
 
 CACHE = {"sink_frames": 3, "window_frames": 9}
 CHUNKS = 5
-ACTIONS = [["W", "WJ", ""], ["D", "", "I"], ["", "", ""], ["SL", "K", "A"]]
 
 
 def _cfg(sp: int = 1, mode: str = "eager", dtype: str = "float32"):
@@ -33,10 +32,7 @@ def _cfg(sp: int = 1, mode: str = "eager", dtype: str = "float32"):
 
 def _session(eng: DitEngine, where: str) -> list[bytes]:
     eng.ffn_residual = where
-    s = eng.start_session(SessionConditions(prompt="h2c", seed=11))
-    out = [eng.generate_chunk(s, ACTIONS[c % 4]).numpy().tobytes() for c in range(CHUNKS)]
-    eng.end_session(s)
-    return out
+    return session_bytes(eng, "h2c", CHUNKS)
 
 
 def _same(a: list[bytes], b: list[bytes], exact: bool) -> None:

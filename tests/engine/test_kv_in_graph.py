@@ -16,18 +16,17 @@ from torch._dynamo.utils import get_static_address_type
 from harness import candidates as C
 from harness.config import load_preset, override
 from harness.engine import dit
-from harness.engine.conditions import SessionConditions
 from harness.engine.dit_engine import DitEngine
 from harness.engine.groups import RankGroup, run_ranks
 from harness.engine.kv_fp8 import Fp8KVCache
 from harness.engine.kvcache import PagedKVCache
 from harness.errors import HarnessError
 from tests.helpers.ranks import assert_ranks_match
+from tests.helpers.sessions import interleaved_bytes, session_bytes
 
 #: saturated at chunk 2, evicting from chunk 3 (as in test_dit_sp)
 CACHE = {"sink_frames": 3, "window_frames": 9}
 CHUNKS = 5
-ACTIONS = [["W", "WJ", ""], ["D", "", "I"], ["", "", ""], ["SL", "K", "A"]]
 
 
 def _cfg(sp: int = 1, mode: str = "eager"):
@@ -89,10 +88,7 @@ def _sessions(eng: DitEngine, variants: list[tuple[str, str]]) -> dict:
     for layout, write in variants:
         eng.kv_layout, eng.kv_write = layout, write
         writes = _CountingWrites(eng.cache)
-        s = eng.start_session(SessionConditions(prompt="h1f", seed=11))
-        out[(layout, write)] = ([eng.generate_chunk(s, ACTIONS[c % 4]).numpy().tobytes() for c in range(CHUNKS)],
-                                writes.n)
-        eng.end_session(s)
+        out[(layout, write)] = (session_bytes(eng, "h1f", CHUNKS), writes.n)
         eng.cache.write = writes._write
     return out
 
@@ -156,14 +152,6 @@ def test_deferred_commits_of_interleaved_sessions_store_into_their_own_blocks():
         cfg = override(_cfg(), runtime={"kv_write": kv_write, "commit": commit, "kv_layout": "window"},
                        cache={"max_sessions": 2})
         eng = DitEngine(cfg, group=RankGroup.single(), device=torch.device("cpu"), seed=3)
-        sessions = [eng.start_session(SessionConditions(prompt="h1f", seed=seed)) for seed in (11, 12)]
-        out: list[list[bytes]] = [[], []]
-        for c in range(CHUNKS):
-            for s, got in zip(sessions, out):
-                got.append(eng.generate_chunk(s, ACTIONS[c % 4]).numpy().tobytes())
-        for s in sessions:
-            eng.end_session(s)
-        assert eng.kv_stats()["blocks_used"] == 0
-        return out
+        return interleaved_bytes(eng, "h1f", CHUNKS)
 
     assert interleaved("graph", "deferred") == interleaved("copy", "inline")

@@ -16,17 +16,16 @@ import torch
 from harness import candidates as C
 from harness.config import load_preset, override
 from harness.engine import dit
-from harness.engine.conditions import SessionConditions
 from harness.engine.dit_engine import DitEngine
 from harness.engine.groups import RankGroup, run_ranks
 from harness.errors import HarnessError
 from harness.experiments.ab_engine import ENGINE_SWITCHES
 from harness.measure.gates import latent_metrics
 from tests.helpers.ranks import assert_ranks_match
+from tests.helpers.sessions import session_bytes
 
 CACHE = {"sink_frames": 3, "window_frames": 9}
 CHUNKS = 5
-ACTIONS = [["W", "WJ", ""], ["D", "", "I"], ["", "", ""], ["SL", "K", "A"]]
 
 
 def _cfg(sp: int = 1, mode: str = "eager"):
@@ -35,10 +34,7 @@ def _cfg(sp: int = 1, mode: str = "eager"):
 
 def _session(eng: DitEngine, residual: str) -> list[bytes]:
     eng.residual = residual
-    s = eng.start_session(SessionConditions(prompt="h2b", seed=11))
-    out = [eng.generate_chunk(s, ACTIONS[c % 4]).numpy().tobytes() for c in range(CHUNKS)]
-    eng.end_session(s)
-    return out
+    return session_bytes(eng, "h2b", CHUNKS)
 
 
 def _floats(chunks: list[bytes]) -> list[np.ndarray]:

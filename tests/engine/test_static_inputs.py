@@ -14,17 +14,16 @@ from torch._dynamo.utils import get_static_address_type
 
 from harness import candidates as C
 from harness.config import load_preset, override
-from harness.engine.conditions import SessionConditions
 from harness.engine.dit_engine import DitEngine
 from harness.engine.groups import RankGroup, run_ranks
 from harness.engine.static_inputs import StaticInputs
 from harness.errors import HarnessError
 from harness.experiments.ab_engine import ENGINE_SWITCHES
 from tests.helpers.ranks import assert_ranks_match
+from tests.helpers.sessions import interleaved_bytes
 
 CACHE = {"sink_frames": 3, "window_frames": 9}
 CHUNKS = 5
-ACTIONS = [["W", "WJ", ""], ["D", "", "I"], ["", "", ""], ["SL", "K", "A"]]
 
 
 def _cfg(sp: int = 1, mode: str = "eager", **runtime):
@@ -46,14 +45,7 @@ def test_a_buffer_is_persistent_static_and_holds_the_last_value():
 
 def _interleaved(eng: DitEngine, how: str) -> list[list[bytes]]:
     eng.block_inputs = how
-    sessions = [eng.start_session(SessionConditions(prompt="h1g", seed=seed)) for seed in (11, 12)]
-    out: list[list[bytes]] = [[], []]
-    for c in range(CHUNKS):
-        for s, got in zip(sessions, out):
-            got.append(eng.generate_chunk(s, ACTIONS[c % 4]).numpy().tobytes())
-    for s in sessions:
-        eng.end_session(s)
-    return out
+    return interleaved_bytes(eng, "h1g", CHUNKS)
 
 
 @pytest.mark.parametrize("mode,commit", [("eager", "inline"), ("eager", "deferred"), ("compiled", "deferred")])
