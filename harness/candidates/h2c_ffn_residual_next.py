@@ -7,7 +7,8 @@ H200 at 480×832 (H6e + H1b:fa3 + H1c + H2a + H1d, batch 19) the gated add is a 
 kernel and the norm + modulation an 11.9 ms reduction, 200 of each a chunk, both over the 96 MB fp32
 stream. Handed on as (x, FFN output, gate), the add becomes part of the next block's norm kernel:
 the stream is read once instead of written and read again, and one kernel launch goes. The last
-block's add runs before the head, compiled with the blocks. Same ops in the same order: bitwise in
+block's add runs before the head, compiled with the blocks. The first block, with nothing carried
+into it, traces a graph of its own: one recompilation in the warm-up, none after. Same ops in the same order: bitwise in
 eager; compiled, the add is generated into another kernel, whose fp32 intermediates need not round
 in the last place as the block-end kernel's did (on the CPU a few bf16 chunks differ in their last
 bits), hence a threshold gate."""
