@@ -8,10 +8,11 @@ kernel and the norm + modulation an 11.9 ms reduction, 200 of each a chunk, both
 stream. Handed on as (x, FFN output, gate), the add becomes part of the next block's norm kernel:
 the stream is read once instead of written and read again, and one kernel launch goes. The last
 block's add runs before the head, compiled with the blocks. The first block, with nothing carried
-into it, traces a graph of its own: one recompilation in the warm-up, none after. Same ops in the same order: bitwise in
-eager; compiled, the add is generated into another kernel, whose fp32 intermediates need not round
-in the last place as the block-end kernel's did (on the CPU a few bf16 chunks differ in their last
-bits), hence a threshold gate."""
+into it, traces a graph of its own: one recompilation in the warm-up, none after.
+
+Same ops in the same order: bitwise in eager; compiled, the add is generated into another kernel,
+whose fp32 intermediates need not round in the last place as the block-end kernel's did (on the
+CPU a few bf16 chunks differ in their last bits), hence a threshold gate."""
 
 from harness.candidates import Candidate, set_runtime
 

@@ -410,10 +410,11 @@ class Block(nn.Module):
                 carried: tuple[Tensor, Tensor] | None = None) -> Tensor | tuple[Tensor, Tensor, Tensor]:
         """x: the residual stream (n_local, dim), fp32 or ``ctx.residual``; e0 (frames, 6, dim)
         fp32; ``cam``: this block's ``camera(c)``; ``kv_dest``: see ``SelfAttention.forward``.
-        norm1/norm2 are LayerNorms without affine parameters. With ``ctx.ffn_residual == "next"`` (H2c) the block
-        starts with the previous block's last residual add (``carried``: its FFN output and gate),
-        so that compiled it fuses with this block's first norm instead of writing the stream and
-        reading it back across a graph boundary, and returns (x, its FFN output, its gate) unadded."""
+        norm1/norm2 are LayerNorms without affine parameters. With ``ctx.ffn_residual == "next"``
+        (H2c) the block starts with the previous block's last residual add (``carried``: its FFN
+        output and gate), so that compiled it fuses with this block's first norm instead of
+        writing the stream and reading it back across a graph boundary, and returns (x, its FFN
+        output, its gate) unadded."""
         lay, dt = ctx.layout, self.modulation.dtype
         if carried is not None:
             x = carried_add(lay, x, carried, ctx.residual)

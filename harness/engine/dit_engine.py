@@ -23,10 +23,11 @@ The attention cores stay outside the graphs (``dit.attend_cache``), so the K len
 until the window saturates and the block tables never reach a compiled graph (with H1f the KV
 write does, as a store by a block-id tensor of the chunk's fixed size, in place into pools that
 are static addresses): the graphs see the same shapes in every chunk and every layer without
-padding the block table to a fixed maximum. One set of graphs, traced in the first forward, serves every chunk and every layer;
-under CUDA graphs each (layer, fragment) position is recorded once, in the second chunk, and
-replayed after. A chunk is one cudagraph "generation" (``cudagraph_mark_step_begin``): tensors of
-the chunk's forwards (the H2a camera cache) stay valid through the chunk.
+padding the block table to a fixed maximum. One set of graphs, traced in the first forward,
+serves every chunk and every layer; under CUDA graphs each (layer, fragment) position is recorded
+once, in the second chunk, and replayed after. A chunk is one cudagraph "generation"
+(``cudagraph_mark_step_begin``): tensors of the chunk's forwards (the H2a camera cache) stay valid
+through the chunk.
 Inductor runs with ``emulate_precision_casts`` so fused elementwise code rounds where eager rounds.
 
 The commit pass (``runtime.commit``): "inline" runs it before ``generate_chunk`` returns the
@@ -294,8 +295,7 @@ class DitEngine:
         out["compiles_per_chunk"] = list(self._compiles_per_chunk)
         out["cudagraphs"] = self.cudagraphs
         if self.cudagraphs:
-            out["cudagraphs_recorded"] = graph_inputs.recorded(self.device)
-            out["cudagraph_input_copies"] = graph_inputs.copied_inputs(self.device)
+            out.update(graph_inputs.report(self.device))
         return out
 
     def _note_compiles(self) -> None:

@@ -38,12 +38,6 @@ def tree_nodes(device: torch.device) -> list[Any] | None:
         return None
 
 
-def recorded(device: torch.device) -> int | None:
-    """CUDA graphs recorded on the device (None when the internal API changed)."""
-    nodes = tree_nodes(device)
-    return None if nodes is None else len(nodes)
-
-
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)')
 
 
@@ -76,10 +70,14 @@ def input_copies(nodes: Iterable[Any]) -> list[dict]:
     return [{"input": what, "graphs": n} for what, n in counts.most_common()]
 
 
-def copied_inputs(device: torch.device) -> list[dict] | None:
-    """``input_copies`` of the device's trees (None when the internal API changed)."""
+def report(device: torch.device) -> dict:
+    """``cudagraphs_recorded`` (the graphs recorded on the device) and ``cudagraph_input_copies``
+    (``input_copies`` of them), from one walk of the trees; each None when the internal API moved."""
     nodes = tree_nodes(device)
+    if nodes is None:
+        return {"cudagraphs_recorded": None, "cudagraph_input_copies": None}
     try:
-        return None if nodes is None else input_copies(nodes)
+        copies = input_copies(nodes)
     except AttributeError:  # a node without the fields read above: the API moved
-        return None
+        copies = None
+    return {"cudagraphs_recorded": len(nodes), "cudagraph_input_copies": copies}

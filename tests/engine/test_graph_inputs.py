@@ -67,5 +67,4 @@ def test_use_site_reads_the_innermost_frame():
 def test_without_cuda_graphs_the_trees_report_nothing_recorded():
     # no tree manager exists in a process that recorded no CUDA graph (None would mean the
     # internal API moved, which this torch must not show)
-    assert graph_inputs.recorded(torch.device("cpu")) == 0
-    assert graph_inputs.copied_inputs(torch.device("cpu")) == []
+    assert graph_inputs.report(torch.device("cpu")) == {"cudagraphs_recorded": 0, "cudagraph_input_copies": []}
