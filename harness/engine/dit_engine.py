@@ -138,6 +138,10 @@ class DitEngine:
         self.kv_layout = cfg.runtime.kv_layout
         #: where the attention cores leave their results (attention.OutputBuffers, H1d); read per chunk
         self.outputs: OutputBuffers | None = None
+        #: the engine's one OutputBuffers and StaticInputs, kept while switched to "fresh": switched
+        #: off and on again (ab-engine and ab-arms switch per session), new buffers would be new
+        #: static addresses, and every CUDA graph reading them would be recorded again
+        self._static_outputs, self._static_inputs = OutputBuffers(), StaticInputs()
         #: who writes the chunk's K/V into the cache: "copy" (the attention core) or "append" (the
         #: attention kernel, where it has an appending form: H1e); read per chunk
         self.kv_write = cfg.runtime.kv_write
@@ -218,7 +222,7 @@ class DitEngine:
         if how not in ("fresh", "static"):
             raise HarnessError(f"attention_out must be fresh or static, got {how!r}")
         if how != self.attention_out:
-            self.outputs = OutputBuffers() if how == "static" else None
+            self.outputs = self._static_outputs if how == "static" else None
 
     @property
     def block_inputs(self) -> str:
@@ -231,7 +235,7 @@ class DitEngine:
         if how not in ("fresh", "static"):
             raise HarnessError(f"block_inputs must be fresh or static, got {how!r}")
         if how != self.block_inputs:
-            self.inputs = StaticInputs() if how == "static" else None
+            self.inputs = self._static_inputs if how == "static" else None
 
     @property
     def commit(self) -> str:

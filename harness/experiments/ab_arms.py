@@ -40,10 +40,10 @@ from harness.engine.attention import check_backend
 from harness.engine.groups import RankGroup, run_ranks
 from harness.errors import HarnessError
 from harness.experiments.bench_engine import (
+    check_steady_chunks,
     count_steady_flops,
     dit_engine_for,
     measure_peak_tflops,
-    steady_chunk_index,
     timed_session,
     warmup_chunks,
     write_result,
@@ -110,9 +110,7 @@ def run(cfg: HarnessConfig, arms: dict[str, list[str]], rounds: int, chunks: int
     the chunk times of the launches done so far after each one, so that a run stopped in a later
     launch (a step limit, a crash) still leaves what it measured."""
     cfg = override(cfg, parallel={"sp": 1})
-    steady = steady_chunk_index(cfg)
-    if chunks <= steady:
-        raise HarnessError(f"--chunks {chunks}: sessions need more than {steady} chunks for a steady chunk")
+    steady = check_steady_chunks(chunks, cfg)
     plans = {n: plan_arm(s, cfg) for n, s in arms.items()}  # every arm resolved (or refused) before the engine is built
     backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
     setting = {"preset": cfg.name, "mode": cfg.runtime.mode, "sp": 1, "layers": cfg.model.num_layers, "rounds": rounds,
@@ -155,6 +153,8 @@ def _launch(group: RankGroup, cfg: HarnessConfig, plans: dict[str, ArmPlan], rou
     if cfg.runtime.mode != "eager":  # compilation and CUDA-graph recording of every arm's graphs
         for name in state:
             warm[name] = session(name, 10_000, warmup_chunks(chunks))
+            # at full size the warm-ups are most of a launch: a run killed in them says how far it got
+            print(f"warm-up {name}: " + " ".join(f"{x:.1f}" for x in warm[name]), flush=True)
     times, lats, profiles, order = {n: [] for n in state}, {n: [] for n in state}, {}, []
     for r in range(rounds):
         for name in round_order(list(state), r):

@@ -39,7 +39,7 @@ from harness.config import HarnessConfig, override
 from harness.drivers.config_options import base_config
 from harness.engine.groups import RankGroup, run_ranks
 from harness.errors import HarnessError
-from harness.experiments.bench_engine import dit_engine_for, steady_chunk_index, timed_session, warmup_chunks
+from harness.experiments.bench_engine import check_steady_chunks, dit_engine_for, timed_session, warmup_chunks
 from harness.experiments import vae_ab
 from harness.experiments.compare import gate_kind
 from harness.limits import check_chunks_option
@@ -221,9 +221,7 @@ def run(cfg: HarnessConfig, specs: list[str], pairs: int, chunks: int, launches:
     if vae_ab.vae_only(resolved):
         return run_vae(cfg, specs, resolved, pairs, chunks, launches)
     plan = plan_resolved(specs, resolved, cfg)  # refuses before anything starts
-    steady = steady_chunk_index(cfg)
-    if chunks <= steady:
-        raise HarnessError(f"--chunks {chunks}: sessions need more than {steady} chunks for a steady (window-saturated) chunk")
+    steady = check_steady_chunks(chunks, cfg)
     kind = plan.gate
     backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
     # every launch a fresh process group: new weights, new compilation, new allocator

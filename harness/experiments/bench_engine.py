@@ -42,6 +42,15 @@ def steady_chunk_index(cfg: HarnessConfig) -> int:
     return cfg.cache.window_frames // cfg.video.frames_per_chunk - 1
 
 
+def check_steady_chunks(chunks: int, cfg: HarnessConfig) -> int:
+    """``steady_chunk_index``, refusing sessions too short to reach it: their last chunk would be
+    timed against a full window's FLOPs, or judged as steady with a shorter window."""
+    steady = steady_chunk_index(cfg)
+    if chunks <= steady:
+        raise HarnessError(f"--chunks {chunks}: sessions need more than {steady} chunks for a steady (window-saturated) chunk")
+    return steady
+
+
 def warmup_chunks(chunks: int) -> int:
     """Chunks of the unmeasured warm-up session of a compiled mode: a whole session, so that every
     K length the measured sessions meet — the saturated window's included — has been compiled and
@@ -256,8 +265,8 @@ def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float 
     gets the result after each, marked ``complete: false`` with the steps done so far, so a step
     that fails (an FA3 backend on the meta device did) never takes the figures measured before it."""
     save = save or (lambda res: None)
-    steady = steady_chunk_index(cfg)
     chunks = chunks or cfg.video.chunks_per_session
+    steady = check_steady_chunks(chunks, cfg)
     backend = "nccl" if cfg.runtime.device == "cuda" else "gloo"
     res: dict = {
         "complete": False, "steps_done": [],
@@ -273,8 +282,7 @@ def run_bench(cfg: HarnessConfig, chunks: int | None = None, peak_tflops: float 
 
     dit = run_ranks(_dit_rank, cfg.parallel.sp, cfg, chunks, sessions, tuple(candidates), kernels,
                     backend=backend, timeout_s=3600)[0]
-    steady_ms = dit["chunk_ms"][steady:] if len(dit["chunk_ms"]) > steady else dit["chunk_ms"][-1:]
-    dit_ms = statistics.median(steady_ms)
+    dit_ms = statistics.median(dit["chunk_ms"][steady:])
     done("dit", compile=dit["compile"], warmup_chunk_ms=dit.get("warmup_chunk_ms"), warmup_s=dit.get("warmup_s"),
          steady_flatness_9_vs_6=flatness(dit["chunk_ms"]), memory_after_session=dit["memory_after_session"],
          memory_growth_mib=memory_growth(dit["memory_after_session"]), attention=dit["attention"],

@@ -128,8 +128,13 @@ def test_engine_bytes_equal_fresh_results_one_rank():
     for key, chunks in out.items():
         assert chunks == fresh, key
     assert eng.attention_out == "static" and len(eng.outputs) == 2  # one slot per role
+    kept = eng.outputs
     eng.attention_out = "fresh"
     assert eng.outputs is None
+    # switched back (ab-engine does, every other session): the same buffers, the same static
+    # addresses, so no CUDA graph reading them is recorded again
+    eng.attention_out = "static"
+    assert eng.outputs is kept and len(kept) == 2
 
 
 def _rank(group: RankGroup, cfg) -> dict:

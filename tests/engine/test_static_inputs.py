@@ -55,6 +55,11 @@ def test_engine_bytes_equal_fresh_inputs(mode, commit):
     assert eng.inputs is None
     assert _interleaved(eng, "static") == fresh
     assert eng.block_inputs == "static" and len(eng.inputs) == 3  # RoPE table, modulation, camera tokens
+    kept = eng.inputs
+    eng.block_inputs = "fresh"
+    assert eng.inputs is None
+    eng.block_inputs = "static"  # switched back: the same static addresses (no graph recorded again)
+    assert eng.inputs is kept and len(kept) == 3
     if mode == "compiled":
         per_chunk = eng.compile_stats()["compiles_per_chunk"]
         for v in range(2):  # each setting's first chunk pair may trace; nothing after it compiles

@@ -65,6 +65,8 @@ def test_bench_engine_tiny_on_two_sp_and_two_vae_ranks(tmp_path):
 @pytest.mark.parametrize("bad, why", [(["--set", "model.layers=4"], "no field model.layers"),
                                       (["--set", "model.num_layers=four"], "Expected `int`"),
                                       (["--sessions", "0"], "--sessions must be"),
+                                      # chunk 5 is the first with a full window: its FLOPs are the rate's
+                                      (["--chunks", "5"], "more than 5 chunks for a steady"),
                                       # only engine patches are applied: others would be claimed, not measured
                                       (["--candidate", "H3b", "--no-vae"], "which --no-vae does not run"),
                                       (["--candidate", "H5a"], "changes the scheduler"),
@@ -116,10 +118,10 @@ def test_a_failing_later_step_keeps_what_was_measured(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_engine, "count_steady_flops", fail)
     out = tmp_path / "b.json"
     with pytest.raises(RuntimeError, match="flop count failed"):
-        cli.main(["bench-engine", "--preset", "tiny", "--chunks", "2", "--json", str(out)])
+        cli.main(["bench-engine", "--preset", "tiny", "--chunks", "6", "--json", str(out)])
     res = json.loads(out.read_text())
     assert res["complete"] is False and res["steps_done"] == ["dit", "vae"]
-    assert len(res["dit_chunk_ms"]) == 2 and len(res["vae_decode_ms"]) == 2 and "flops" not in res
+    assert len(res["dit_chunk_ms"]) == 6 and len(res["vae_decode_ms"]) == 4 and "flops" not in res
     assert not (tmp_path / "b.json.tmp").exists()
 
 
