@@ -147,6 +147,9 @@ class RuntimeConfig(_Section):
     #: how the host-made values the DiT blocks read (RoPE table, modulation, camera tokens) reach
     #: them: "fresh" tensors, or "static" buffers the CUDA graphs read in place (H1g)
     block_inputs: Literal["fresh", "static"] = "fresh"
+    #: the DiT self-attention's q/k RMSNorms + RoPE (and, with kv_write "graph", the K/V store):
+    #: "ops", the module's own, or "kernel", one op — a Triton kernel on CUDA (H2d)
+    qk_norm_rope: Literal["ops", "kernel"] = "ops"
     #: the image condition's VAE encoder in the DiT rank (engine/image.py): its dtype ("" = vae_dtype),
     #: and whether a chunk's latent frames go through it in one forward with cuDNN autotuning (H3c)
     condition_dtype: Literal["", "float32", "bfloat16", "float16"] = ""

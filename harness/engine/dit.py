@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
@@ -192,6 +193,11 @@ class CameraModulation:
         """The chunk's last forward ran: drop whatever was kept for it."""
 
 
+#: (QKV output, the SelfAttention, rope, kv_dest) → (q, k, v): ``ForwardContext.qk``
+QkFn = Callable[[Tensor, "SelfAttention", Tensor, "tuple[Tensor, Tensor, Tensor] | None"],
+                "tuple[Tensor, Tensor | None, Tensor | None]"]
+
+
 @dataclass
 class ForwardContext:
     group: RankGroup
@@ -217,6 +223,10 @@ class ForwardContext:
     #: where a block's last residual add (the gated FFN output) runs: "own" (the block's end) or
     #: "next" (the next block's start, fused with its first norm; the head's for the last: H2c)
     ffn_residual: str = "own"
+    #: the self-attention's q/k norms + RoPE (and, with ``kv_dest``, the K/V store) as one op:
+    #: (QKV output, the SelfAttention, rope, kv_dest) → (q, k, v), k and v None where stored (H2d,
+    #: ``qk_norm_rope.fused_qk``); None: the module's own ops
+    qk: QkFn | None = None
     #: where the host-made values the blocks read (modulation, camera tokens) are handed on: None,
     #: fresh tensors; or persistent static-address buffers, read in place by CUDA graphs (H1g)
     inputs: StaticInputs | None = None
@@ -244,7 +254,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps)
+        return rms_norm32(x, self.weight, self.eps)
+
+
+def rms_norm32(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last dim in fp32: x · rsqrt(mean(x²) + eps) · weight."""
+    return F.rms_norm(x.float(), weight.shape, weight.float(), eps)
 
 
 def layer_norm32(x: Tensor, eps: float, norm: nn.LayerNorm | None = None) -> Tensor:
@@ -302,13 +317,17 @@ class SelfAttention(_Attention):
         if w is None or w.device != self.q.weight.device or w.dtype != self.q.weight.dtype:
             raise HarnessError("fused QKV is stale: call model.fuse_qkv_() after moving or casting the model")
         n, h, d = x.shape[0], self.heads, self.head_dim
-        q, k, v = F.linear(x, w, self._qkv_b).split(self.dim, dim=-1)
-        q = apply_rope(self.norm_q(q).view(n, h, d), ctx.rope, x.dtype)
-        k = apply_rope(self.norm_k(k).view(n, h, d), ctx.rope, x.dtype)
-        v = v.view(n, h, d)
-        if kv_dest is not None:
-            store_kv(kv_dest, k, v)
-            k = v = None
+        qkv = F.linear(x, w, self._qkv_b)
+        if ctx.qk is not None:  # H2d: the norms, RoPE and the K/V store in one op
+            q, k, v = ctx.qk(qkv, self, ctx.rope, kv_dest)
+        else:
+            q, k, v = qkv.split(self.dim, dim=-1)
+            q = apply_rope(self.norm_q(q).view(n, h, d), ctx.rope, x.dtype)
+            k = apply_rope(self.norm_k(k).view(n, h, d), ctx.rope, x.dtype)
+            v = v.view(n, h, d)
+            if kv_dest is not None:
+                store_kv(kv_dest, k, v)
+                k = v = None
         return self.o(attend_cache(self, q, k, v, ctx).reshape(n, self.dim))
 
 

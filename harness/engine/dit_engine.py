@@ -60,7 +60,7 @@ from torch import Tensor
 from torch._dynamo.utils import counters, get_compilation_metrics
 
 from harness.config import LATENT_CHANNELS, HarnessConfig
-from harness.engine import camera, graph_inputs, schedule
+from harness.engine import camera, graph_inputs, qk_norm_rope, schedule
 from harness.engine.attention import AttentionChoice, OutputBuffers
 from harness.engine.conditions import (ImageCondition, SessionConditions, image_condition, model_input, session_image,
                                        session_text_embedding)
@@ -153,6 +153,7 @@ class DitEngine:
         self.inputs: StaticInputs | None = None
         self.block_inputs = cfg.runtime.block_inputs
         self.attention_out = cfg.runtime.attention_out
+        self._qk, self._qk_tuned = "ops", False
         #: the chunk whose commit pass waits for the engine's next call ("deferred" commit, H5b)
         self._pending: DenoisedChunk | None = None
         self._commit_when = "inline"
@@ -172,6 +173,7 @@ class DitEngine:
         self.hooks: list[Hook] = []
         self._sessions = itertools.count()
         self.rope = RopeTables(m.head_dim, self.grid, self.layout, self.device)
+        self.qk_norm_rope = cfg.runtime.qk_norm_rope
         self.t_freq = sinusoidal(self.timesteps, m.freq_dim).to(self.device)  # (phases, freq_dim)
         self.rays = camera.CameraRays(v.height, v.width, self.device)
         #: Makes each chunk's ``CameraModulation`` (the seam H2a's camera cache installs into).
@@ -236,6 +238,22 @@ class DitEngine:
             raise HarnessError(f"block_inputs must be fresh or static, got {how!r}")
         if how != self.block_inputs:
             self.inputs = self._static_inputs if how == "static" else None
+
+    @property
+    def qk_norm_rope(self) -> str:
+        """How the self-attention's q/k norms + RoPE (and H1f's K/V store) run: "ops", the module's
+        own (compiled: Inductor's kernels), or "kernel", one op (``qk_norm_rope``, H2d)."""
+        return self._qk
+
+    @qk_norm_rope.setter
+    def qk_norm_rope(self, how: str) -> None:
+        if how not in ("ops", "kernel"):
+            raise HarnessError(f"qk_norm_rope must be ops or kernel, got {how!r}")
+        if how == "kernel" and not self._qk_tuned and not self.meta:  # the Triton autotuning, outside any capture
+            m = self.cfg.model
+            qk_norm_rope.tune(self.layout.n, m.dim, m.num_heads, self.cache.block_size, self.device)
+            self._qk_tuned = True
+        self._qk = how
 
     @property
     def commit(self) -> str:
@@ -379,7 +397,8 @@ class DitEngine:
                              cache=self.cache, kv=session.kv, text_kv=session.text_kv, group_blocks=self.group_blocks,
                              camera=self.camera_modulation(), outputs=self.outputs, kv_write=self.kv_write,
                              residual=self.dtype if self.residual == "runtime" else torch.float32,
-                             ffn_residual=self.ffn_residual, inputs=self.inputs)
+                             ffn_residual=self.ffn_residual, inputs=self.inputs,
+                             qk=qk_norm_rope.fused_qk if self._qk == "kernel" else None)
         if self.hooks:
             self._emit("chunk_start", session=session.sid, chunk=session.chunk, kv_tokens=session.kv_tokens[-1])
 

@@ -30,36 +30,9 @@ import triton
 import triton.language as tl
 
 from harness.engine.fa3 import FP8, FP8_MAX, MIN_AMAX
+from harness.engine.triton_round import to_bf16, to_e4m3
 
 _SQRT_2_OVER_PI = 0.7978845608028654
-
-
-@triton.jit
-def _round_mantissa(x, BITS: tl.constexpr):
-    """float32 → the nearest float32 with BITS mantissa bits (ties to even), in integer arithmetic."""
-    bits = x.to(tl.uint32, bitcast=True)
-    drop: tl.constexpr = 23 - BITS
-    bits = ((bits + ((1 << (drop - 1)) - 1) + ((bits >> drop) & 1)) >> drop) << drop
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _to_bf16(x, EMULATE: tl.constexpr):
-    """float32 → bf16 to nearest, ties to even, back in float32: the GPU's cast does it in one
-    instruction; the interpreter's cast truncates, so there it is done in integers."""
-    if EMULATE:
-        return _round_mantissa(x, 7)
-    return x.to(tl.bfloat16).to(tl.float32)
-
-
-@triton.jit
-def _to_e4m3(x, EMULATE: tl.constexpr):
-    """|x| ≤ 448 → e4m3fn to nearest, ties to even (the GPU's cvt.rn.satfinite); in the interpreter
-    3 mantissa bits down to 2⁻⁶, then the subnormals' fixed 2⁻⁹ step (an IEEE add of 1.5·2¹⁴,
-    where float32's step is 2⁻⁹, and its subtraction), so that the cast after it is exact."""
-    if EMULATE:
-        x = tl.where(tl.abs(x) < 0.015625, (x + 24576.0) - 24576.0, _round_mantissa(x, 3))
-    return x.to(tl.float8e4nv)
 
 
 @triton.jit
@@ -70,16 +43,16 @@ def _bias_gelu_quant_kernel(u_ptr, b_ptr, q_ptr, s_ptr, n_cols, u_stride, q_stri
     m = cols < n_cols
     u = tl.load(u_ptr + row * u_stride + cols, mask=m, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + cols, mask=m, other=0.0, eviction_policy="evict_last").to(tl.float32)
-    v = _to_bf16(u + b, EMULATE)
+    v = to_bf16(u + b, EMULATE)
     # 0.5·v·(1 + tanh(z)) = v·sigmoid(2z): no cancellation where tanh(z) → −1 (v ≪ 0)
     z = C * (v + 0.044715 * (v * v * v))
-    g = _to_bf16(v / (1.0 + tl.exp(-2.0 * z)), EMULATE)
+    g = to_bf16(v / (1.0 + tl.exp(-2.0 * z)), EMULATE)
     g = tl.where(m, g, 0.0)
     amax = tl.maximum(tl.max(tl.abs(g), axis=0), AMIN)
     # a NaN stays NaN (as the reference's does), so a blow-up reaches the gate
     q = tl.minimum(tl.maximum(g * (FMAX / amax), -FMAX, propagate_nan=tl.PropagateNan.ALL), FMAX,
                    propagate_nan=tl.PropagateNan.ALL)
-    tl.store(q_ptr + row * q_stride + cols, _to_e4m3(q, EMULATE), mask=m)
+    tl.store(q_ptr + row * q_stride + cols, to_e4m3(q, EMULATE), mask=m)
     tl.store(s_ptr + row, amax / FMAX)
 
 
