@@ -426,14 +426,14 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, e0: Tensor, cam: tuple[Tensor, Tensor], ctx: ForwardContext,
                 kv_dest: tuple[Tensor, Tensor, Tensor] | None = None,
-                carried: tuple[Tensor, Tensor] | None = None) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+                carried: tuple[Tensor, Tensor | None, Tensor] | None = None) -> Tensor | tuple[Tensor, ...]:
         """x: the residual stream (n_local, dim), fp32 or ``ctx.residual``; e0 (frames, 6, dim)
         fp32; ``cam``: this block's ``camera(c)``; ``kv_dest``: see ``SelfAttention.forward``.
         norm1/norm2 are LayerNorms without affine parameters. With ``ctx.ffn_residual == "next"``
         (H2c) the block starts with the previous block's last residual add (``carried``: its FFN
-        output and gate), so that compiled it fuses with this block's first norm instead of
-        writing the stream and reading it back across a graph boundary, and returns (x, its FFN
-        output, its gate) unadded."""
+        output, the bias still to add to it or None, and its gate), so that compiled it fuses with
+        this block's first norm instead of writing the stream and reading it back across a graph
+        boundary, and returns (x, its FFN output, bias, gate) unadded."""
         lay, dt = ctx.layout, self.modulation.dtype
         if carried is not None:
             x = carried_add(lay, x, carried, ctx.residual)
@@ -443,15 +443,28 @@ class Block(nn.Module):
         x = lay.gated_add(x, y, gate_msa).to(ctx.residual)
         x = camera_update(x, *cam)
         x = x + self.cross_attn(layer_norm32(x, self.eps, self.norm3).to(dt), ctx)
-        y = self.ffn(lay.modulate(layer_norm32(x, self.eps), shift_ffn, scale_ffn).to(dt))
+        h = lay.modulate(layer_norm32(x, self.eps), shift_ffn, scale_ffn).to(dt)
         if ctx.ffn_residual == "next":
-            return x, y, gate_ffn
-        return carried_add(lay, x, (y, gate_ffn), ctx.residual)
+            return x, *ffn_unbiased(self.ffn, h), gate_ffn
+        return carried_add(lay, x, (self.ffn(h), None, gate_ffn), ctx.residual)
 
 
-def carried_add(layout: TokenLayout, x: Tensor, carried: tuple[Tensor, Tensor], residual: torch.dtype) -> Tensor:
-    """A block's last residual add, carried out of it (H2c): x + FFN output · gate, rounded to the stream."""
-    return layout.gated_add(x, *carried).to(residual)
+def ffn_unbiased(ffn: nn.Module, h: Tensor) -> tuple[Tensor, Tensor | None]:
+    """The FFN's output and the bias still to add to it: an FFN whose last bias add runs outside
+    its GEMM (the FP8 FFN's, ``fp8_ffn.Fp8Ffn``) leaves it to the carried add (H2c), which fuses it
+    into the next block's norm kernel; any other FFN adds its own (bf16: in the GEMM's epilogue)."""
+    unbiased = getattr(ffn, "unbiased", None)
+    return unbiased(h) if unbiased is not None else (ffn(h), None)
+
+
+def carried_add(layout: TokenLayout, x: Tensor, carried: tuple[Tensor, Tensor | None, Tensor],
+                residual: torch.dtype) -> Tensor:
+    """A block's last residual add, carried out of it (H2c): x + (FFN output + the bias it still
+    lacks, in its dtype, as the FFN adds it) · gate, rounded to the stream."""
+    y, bias, gate = carried
+    if bias is not None:
+        y = y + bias
+    return layout.gated_add(x, y, gate).to(residual)
 
 
 class Head(nn.Module):
@@ -550,7 +563,7 @@ class WanDiT(nn.Module):
         return x
 
     def _block(self, i: int, x: Tensor, e0: Tensor, c: Tensor | None, ctx: ForwardContext,
-               carried: tuple[Tensor, Tensor] | None) -> Tensor | tuple[Tensor, Tensor, Tensor]:
+               carried: tuple[Tensor, Tensor | None, Tensor] | None) -> Tensor | tuple[Tensor, ...]:
         block = self.blocks[i]
         fwd, camera = (block, block.camera) if self.compiled_blocks is None else self.compiled_blocks[i]
         return fwd(x, e0, ctx.camera.block(i, camera, c), ctx, ctx.kv_destination(i), carried)

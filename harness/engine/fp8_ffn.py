@@ -65,10 +65,17 @@ class Fp8Ffn(nn.Module):
         self.up, self.down = Fp8Linear(up), Fp8Linear(down)
 
     def forward(self, x: Tensor) -> Tensor:
+        y, bias = self.unbiased(x)
+        if bias is not None:
+            y = y + bias  # fuses with the gated residual add under torch.compile
+        return y
+
+    def unbiased(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """``forward`` without FFN-down's bias add: (FFN output less the bias, the bias). Where the
+        block hands its last residual add on (H2c), the add travels with it, into the next
+        block's norm kernel, instead of being a kernel of its own at the graph's end."""
         lead = x.shape[:-1]
         up, down = self.up, self.down
         u = up.product(*rowwise_quantize(x.reshape(-1, up.in_features)))
         y = down.product(*bias_gelu_quantize(u, up.bias))
-        if down.bias is not None:
-            y = y + down.bias  # fuses with the gated residual add under torch.compile
-        return y.reshape(*lead, down.out_features)
+        return y.reshape(*lead, down.out_features), down.bias

@@ -61,6 +61,40 @@ def test_carried_add_gives_the_blocks_own_latents(mode, dtype):
             assert per_chunk[v * CHUNKS + 1 : (v + 1) * CHUNKS] == [0] * (CHUNKS - 1), per_chunk
 
 
+def test_the_fp8_ffns_bias_add_travels_with_the_carried_add():
+    """H6e's FFN adds FFN-down's bias outside its GEMM: under H2c that add goes with the carried
+    add into the next block (no kernel of its own at the graph's end), bitwise in eager."""
+    from harness.candidates import get
+    from harness.engine.dit import ffn_unbiased
+
+    eng = DitEngine(_cfg(dtype="bfloat16"), group=RankGroup.single(), device=torch.device("cpu"), seed=3)
+    block = eng.model.blocks[0]
+    h = torch.randn(8, eng.cfg.model.dim, dtype=torch.bfloat16)
+    y, bias = ffn_unbiased(block.ffn, h)  # a bf16 FFN adds its own
+    assert bias is None and torch.equal(y, block.ffn(h))
+    revert = get("H6e").patch_dit(eng, "ffn")
+    try:
+        y, bias = ffn_unbiased(block.ffn, h)
+        assert bias is block.ffn.down.bias and torch.equal(y + bias, block.ffn(h))
+        calls = {"forward": 0}
+        for b in eng.model.blocks:  # counts where an FFN adds its own bias (its forward)
+            b.ffn.forward = _counting(b.ffn.forward, calls)
+        carried = _session(eng, "next")
+        assert calls["forward"] == 0  # every block handed its bias on
+        own = _session(eng, "own")
+        assert calls["forward"] == CHUNKS * 5 * eng.cfg.model.num_layers
+        _same(carried, own, exact=True)
+    finally:
+        revert()
+
+
+def _counting(fn, calls: dict):
+    def counted(*args):
+        calls["forward"] += 1
+        return fn(*args)
+    return counted
+
+
 def test_under_a_hook_each_layer_keeps_its_phase():
     eng = DitEngine(_cfg(), group=RankGroup.single(), device=torch.device("cpu"), seed=3)
     own = _session(eng, "own")
