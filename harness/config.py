@@ -150,6 +150,11 @@ class RuntimeConfig(_Section):
     #: the DiT self-attention's q/k RMSNorms + RoPE (and, with kv_write "graph", the K/V store):
     #: "ops", the module's own, or "kernel", one op — a Triton kernel on CUDA (H2d)
     qk_norm_rope: Literal["ops", "kernel"] = "ops"
+    #: how inductor picks its generated kernels' shapes when it compiles the DiT blocks (H2e): ""
+    #: its defaults; "multi-kernel" each reduction both looped and persistent (the whole row in
+    #: registers), the faster timed at the first call; "coordinate-descent" each kernel's block
+    #: sizes and warps tuned on the device; "both"
+    inductor_tuning: Literal["", "multi-kernel", "coordinate-descent", "both"] = ""
     #: the image condition's VAE encoder in the DiT rank (engine/image.py): its dtype ("" = vae_dtype),
     #: and whether a chunk's latent frames go through it in one forward with cuDNN autotuning (H3c)
     condition_dtype: Literal["", "float32", "bfloat16", "float16"] = ""

@@ -36,6 +36,7 @@ MODULES: dict[str, str] = {
     "H2b": "h2b_residual_runtime_dtype",
     "H2c": "h2c_ffn_residual_next",
     "H2d": "h2d_qk_norm_rope_kernel",
+    "H2e": "h2e_inductor_tuning",
     "H3a": "h3a_vae_compile",
     "H3b": "h3b_vae_bf16",
     "H3c": "h3c_condition_fp16",

@@ -185,6 +185,10 @@ class DitEngine:
         self._seen_compiles: set[str] = set()
         self._recompiles: list[str] = []  # first line of each guard failure that caused one
         self.cudagraphs = False
+        self._tuning = cfg.runtime.inductor_tuning
+        inductor_tuning(self._tuning, self.mode)  # refused before anything compiles
+        #: per ``inductor_tuning`` setting, its compiled blocks and their options (H2e switches sets)
+        self._compiled_sets: dict[str, tuple] = {}
         if self.mode != "eager" and not self.meta:
             self.compile(compile_mode)
 
@@ -240,6 +244,21 @@ class DitEngine:
             self.inputs = self._static_inputs if how == "static" else None
 
     @property
+    def inductor_tuning(self) -> str:
+        """How inductor chose the compiled blocks' kernels (``runtime.inductor_tuning``, H2e): each
+        setting is its own set of compiled blocks, compiled at its first use and kept."""
+        return self._tuning
+
+    @inductor_tuning.setter
+    def inductor_tuning(self, how: str) -> None:
+        inductor_tuning(how, self.mode)
+        if how != self._tuning and self.model.compiled_blocks is None and not self.meta:
+            raise HarnessError(f"inductor_tuning {how!r} tunes compiled kernels: this engine runs eager")
+        if self.model.compiled_blocks is not None:
+            self._compile_set(how)
+        self._tuning = how
+
+    @property
     def qk_norm_rope(self) -> str:
         """How the self-attention's q/k norms + RoPE (and H1f's K/V store) run: "ops", the module's
         own (compiled: Inductor's kernels), or "kernel", one op (``qk_norm_rope``, H2d)."""
@@ -292,12 +311,23 @@ class DitEngine:
         options.update(extra or {})
         self.cudagraphs = bool(options.get("triton.cudagraphs"))
         # static shapes: a size change must show up as a recompilation, not as a silent dynamic graph
-        opts: dict = {"dynamic": False, "options": options}
-        self.compile_options = {"mode": mode, **opts}
+        self._compile_base_options = {"mode": mode, "dynamic": False, "options": options}
         self._compile_base = _dynamo_counts()
         self._note_compiles()
         self._recompiles, self._compiles_per_chunk = [], []
-        self.model.compile_blocks(**opts)
+        self._compiled_sets = {}
+        self._compile_set(self._tuning)
+
+    def _compile_set(self, tuning: str) -> None:
+        """The blocks compiled with ``tuning``'s inductor options on top of ``compile``'s (traced
+        lazily, at their first forward), or the set compiled before for it, made current."""
+        if tuning not in self._compiled_sets:
+            base = self._compile_base_options
+            options = {**base["options"], **inductor_tuning(tuning, self.mode)}
+            self.model.compile_blocks(dynamic=False, options=options)
+            self._compiled_sets[tuning] = (self.model.compiled_blocks, self.model.last_add,
+                                           {"mode": base["mode"], "dynamic": False, "options": options})
+        self.model.compiled_blocks, self.model.last_add, self.compile_options = self._compiled_sets[tuning]
 
     def compile_stats(self) -> dict:
         """What dynamo compiled since ``compile`` (process-wide counters): ``frames`` compiled
@@ -508,6 +538,26 @@ def _to_device(t: Tensor, device: torch.device) -> Tensor:
     if device.type == "cuda":
         t = t.pin_memory()
     return t.to(device, non_blocking=True)
+
+
+#: H2e's inductor options per ``runtime.inductor_tuning`` (both timed on the device as they compile)
+INDUCTOR_TUNING: dict[str, dict] = {
+    "": {},
+    "multi-kernel": {"triton.multi_kernel": 1},
+    "coordinate-descent": {"coordinate_descent_tuning": True},
+    "both": {"triton.multi_kernel": 1, "coordinate_descent_tuning": True},
+}
+
+
+def inductor_tuning(how: str, mode: str) -> dict:
+    """The inductor options of ``runtime.inductor_tuning``; refused in the deterministic mode, whose
+    point is that nothing is chosen by timing (a kernel chosen by timing noise sums in another
+    order from one launch to the next)."""
+    if how not in INDUCTOR_TUNING:
+        raise HarnessError(f"runtime.inductor_tuning must be one of {sorted(INDUCTOR_TUNING)}, got {how!r}")
+    if how and mode == "deterministic":
+        raise HarnessError(f"runtime.inductor_tuning {how!r} picks kernels by timing them: not in the deterministic mode")
+    return dict(INDUCTOR_TUNING[how])
 
 
 def _dynamo_counts() -> dict[str, int]:

@@ -8,10 +8,6 @@ latents through window eviction."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -26,6 +22,7 @@ from harness.engine.fp8_ffn import Fp8Ffn, bias_gelu_quantize, bias_gelu_quantiz
 from harness.engine.fp8_linear import Fp8Linear
 from harness.engine.groups import RankGroup
 from harness.errors import HarnessError
+from tests.helpers.interpreter import check_in_interpreter
 
 
 def _ffn(dim=64, hidden=256, seed=0, dtype=torch.bfloat16):
@@ -190,15 +187,7 @@ def test_fused_epilogue_matches_the_reference_on_cuda():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA test covers it")
 def test_fused_epilogue_matches_the_reference_in_the_interpreter():
     pytest.importorskip("triton", reason="Triton is not installed (it comes with the vllm extra)")
-    # TRITON_INTERPRET is read when a kernel is defined, so the check runs in a fresh process
-    code = textwrap.dedent(f"""
-        import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})
-        from test_h6e_fp8_ffn_fused import check
-        check("cpu", bound=1e-3)
-    """)
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    check_in_interpreter(__file__, bound=1e-3)
 
 
 # ---- SP: 1, 2 and 4 ranks, through window eviction --------------------------------------------------

@@ -10,11 +10,7 @@ and the pools written in place by the op (no copy of a pool in the generated cod
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -29,6 +25,7 @@ from harness.engine.qk_norm_rope import norm_rope_reference, qk_norm_rope_store
 from harness.errors import HarnessError
 from harness.experiments.ab_engine import ENGINE_SWITCHES
 from harness.measure.gates import latent_metrics, latent_passes
+from tests.helpers.interpreter import check_in_interpreter
 from tests.helpers.ranks import assert_ranks_match
 from tests.helpers.sessions import session_bytes
 
@@ -106,15 +103,7 @@ def check(device: str, bound: float) -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA test covers it")
 def test_kernel_matches_the_ops_in_the_interpreter():
     pytest.importorskip("triton", reason="Triton is not installed (it comes with the vllm extra)")
-    # TRITON_INTERPRET is read when a kernel is defined, so the check runs in a fresh process
-    code = textwrap.dedent(f"""
-        import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})
-        from test_qk_norm_rope import check
-        check("cpu", bound=1e-3)
-    """)
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    check_in_interpreter(__file__, bound=1e-3)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
