@@ -15,6 +15,12 @@ gate. Compile time grows (each variant is compiled, and timed): measure it besid
 compile option, not a per-session switch: ``ab-engine`` refuses it, ``ab-arms`` (an engine per
 arm) judges it. Refused in eager (nothing is compiled) and in the deterministic mode (a kernel
 chosen by timing is not the same from one launch to the next).
+
+Measured (gpu-batch23, one H200, with H2d): ``multi-kernel`` kept the cross-attention norm kernel
+persistent (19.1 → 16.9 ms a chunk) and timed the FFN norm + quantisation and the first norm kernels
+faster looped (23.9 → 24.4, 21.1 → 21.1 ms): Triton −1.7 ms, the chunk unchanged. Forcing persistence
+(inductor's ``multi_kernel = 2``) would keep what its timing found slower; one read a row of those two
+kernels needs a kernel of our own, as H2d is for the q/k norms.
 """
 
 from harness.candidates import Candidate, set_runtime
