@@ -122,19 +122,24 @@ def run(cfg: HarnessConfig, arms: dict[str, list[str]], rounds: int, chunks: int
         else:
             runs.append(run_ranks(_launch, 1, cfg, plans, rounds, chunks, kernels and i == launches - 1,
                                   backend=backend, timeout_s=3600)[0])
-        if on_launch is not None:
-            on_launch({**setting, "launches_done": len(runs), "arms": {n: {"candidates": s} for n, s in arms.items()},
-                       "chunk_ms_by_launch": [r["times"] for r in runs], "complete": False})
+        if on_launch is not None:  # judged over the launches so far: a run stopped in launch 3 keeps 2 launches' verdicts
+            on_launch({**setting, "launches_done": len(runs), "chunk_ms_by_launch": [r["times"] for r in runs],
+                       **judge_arms(runs, arms, plans, versus, steady, cfg), "complete": False})
     names = ["A", *arms]
     out = {**setting, "steady_from_chunk": steady, "order": " ".join(runs[0]["order"]),
            "warmup_chunk_ms": runs[-1]["warm"], "compile": runs[-1]["compile"],
            "chunk_ms": {n: [s for r in runs for s in r["times"][n]] for n in names},
            "chunk_ms_by_launch": [r["times"] for r in runs], "kernels": runs[-1]["profiles"]}
+    return {**out, **judge_arms(runs, arms, plans, versus, steady, cfg)}
+
+
+def judge_arms(runs: list[dict], arms: dict[str, list[str]], plans: dict[str, ArmPlan],
+               versus: list[tuple[str, str]], steady: int, cfg: HarnessConfig) -> dict:
+    """Every arm gated and judged against the baseline, then every ``--versus`` pair, over ``runs``."""
     shape = (16, cfg.video.frames_per_chunk, cfg.video.latent_h, cfg.video.latent_w)
-    out["arms"] = {name: {"candidates": specs, "switches": plans[name].switches,
-                          **_judge_arm(plans[name], runs, name, steady, shape)} for name, specs in arms.items()}
-    out["versus"] = {f"{b}/{a}": judge_versus(runs, b, a, steady, out["arms"]) for b, a in versus}
-    return out
+    judged = {name: {"candidates": specs, "switches": plans[name].switches,
+                     **_judge_arm(plans[name], runs, name, steady, shape)} for name, specs in arms.items()}
+    return {"arms": judged, "versus": {f"{b}/{a}": judge_versus(runs, b, a, steady, judged) for b, a in versus}}
 
 
 def _launch(group: RankGroup, cfg: HarnessConfig, plans: dict[str, ArmPlan], rounds: int, chunks: int,

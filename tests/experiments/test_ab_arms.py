@@ -111,23 +111,34 @@ def test_versus_gives_no_verdict_when_either_arm_failed_its_gate():
     assert ab_arms.judge_versus(runs, "x", "A", 3, arms)["candidate_ms"] == pytest.approx(9.0)
 
 
-def test_a_launch_that_fails_leaves_the_launches_before_it_on_disk(tmp_path, monkeypatch):
-    """A GPU step stopped in launch 2 (a step limit, a crash) lost launch 1's timings with the JSON
-    written only at the end: each finished launch is now on disk before the next one starts."""
+def test_a_launch_that_fails_leaves_the_launches_before_it_on_disk_judged(tmp_path, monkeypatch):
+    """A GPU step stopped in launch 3 (a step limit, a crash) once kept only launches 1 and 2's raw
+    times: each finished launch is now on disk, every arm gated and judged over the launches so far,
+    before the next one starts."""
     out, calls = tmp_path / "arms.json", []
-    times = {"A": [[10.0] * 6], "cam": [[9.0] * 6]}
+    lat = [bytes([c]) * 4 for c in range(6)]  # the exact gate compares the latents' bytes
 
-    def fake_run_ranks(fn, n, *a, **kw):  # launch 1 measured, launch 2 dies
+    def launch(k: int) -> dict:
+        return {"times": {"A": [[10.0 + 0.1 * k] * 6], "cam": [[9.0 + 0.1 * k] * 6]},
+                "latents": {"A": [lat], "cam": [lat]}}
+
+    def fake_run_ranks(fn, n, *a, **kw):  # launches 1 and 2 measured, launch 3 dies
         calls.append(n)
-        if len(calls) == 2:
-            raise RuntimeError("launch 2 died")
-        return [{"times": times}]
+        if len(calls) == 3:
+            raise RuntimeError("launch 3 died")
+        return [launch(len(calls))]
 
     monkeypatch.setattr(ab_arms, "run_ranks", fake_run_ranks)
-    argv = ["ab-arms", "--device", "cpu", "--arm", "cam=H2a", "--rounds", "1", "--chunks", "6", "--launches", "2"]
-    with pytest.raises(RuntimeError, match="launch 2 died"):
+    argv = ["ab-arms", "--device", "cpu", "--arm", "cam=H2a", "--rounds", "1", "--chunks", "6", "--launches", "3",
+            "--versus", "cam/A"]
+    with pytest.raises(RuntimeError, match="launch 3 died"):
         main([*argv, "--json", str(out)])
     res = json.loads(out.read_text())
-    assert res["complete"] is False and res["launches_done"] == 1 and res["launches"] == 2
-    assert res["chunk_ms_by_launch"] == [times] and res["arms"] == {"cam": {"candidates": ["H2a"]}}
+    assert res["complete"] is False and res["launches_done"] == 2 and res["launches"] == 3
+    assert res["chunk_ms_by_launch"] == [launch(1)["times"], launch(2)["times"]]
+    arm = res["arms"]["cam"]
+    assert arm["candidates"] == ["H2a"] and arm["gate"]["passed"] and arm["gate"]["compared"] == 12
+    # judged over the two launches on disk: a launch-level interval, B/A below 1 in both launches
+    assert arm["launches"] == 2 and arm["ratio"] is not None and arm["ratio"]["value"] < 1
+    assert res["versus"]["cam/A"]["launches"] == 2
     assert not (tmp_path / "arms.json.tmp").exists()
