@@ -37,6 +37,7 @@ MODULES: dict[str, str] = {
     "H2c": "h2c_ffn_residual_next",
     "H2d": "h2d_qk_norm_rope_kernel",
     "H2e": "h2e_inductor_tuning",
+    "H2f": "h2f_ffn_norm_kernel",
     "H3a": "h3a_vae_compile",
     "H3b": "h3b_vae_bf16",
     "H3c": "h3c_condition_fp16",

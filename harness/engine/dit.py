@@ -196,6 +196,8 @@ class CameraModulation:
 #: (QKV output, the SelfAttention, rope, kv_dest) → (q, k, v): ``ForwardContext.qk``
 QkFn = Callable[[Tensor, "SelfAttention", Tensor, "tuple[Tensor, Tensor, Tensor] | None"],
                 "tuple[Tensor, Tensor | None, Tensor | None]"]
+#: (the block's FFN, stream, shift, scale, eps, layout, dtype) → (output, bias still to add): ``ForwardContext.ffn_in``
+FfnInFn = Callable[[nn.Module, Tensor, Tensor, Tensor, float, "TokenLayout", torch.dtype], "tuple[Tensor, Tensor | None]"]
 
 
 @dataclass
@@ -227,6 +229,10 @@ class ForwardContext:
     #: (QKV output, the SelfAttention, rope, kv_dest) → (q, k, v), k and v None where stored (H2d,
     #: ``qk_norm_rope.fused_qk``); None: the module's own ops
     qk: QkFn | None = None
+    #: the FFN from the stream, its input (norm, modulation, rounding, FP8 quantisation) made by one
+    #: op: (ffn, x, shift, scale, eps, layout, dtype) → (output, bias still to add) (H2f,
+    #: ``ffn_norm.fused_ffn``); None: the module's own ops
+    ffn_in: FfnInFn | None = None
     #: where the host-made values the blocks read (modulation, camera tokens) are handed on: None,
     #: fresh tensors; or persistent static-address buffers, read in place by CUDA graphs (H1g)
     inputs: StaticInputs | None = None
@@ -443,10 +449,13 @@ class Block(nn.Module):
         x = lay.gated_add(x, y, gate_msa).to(ctx.residual)
         x = camera_update(x, *cam)
         x = x + self.cross_attn(layer_norm32(x, self.eps, self.norm3).to(dt), ctx)
-        h = lay.modulate(layer_norm32(x, self.eps), shift_ffn, scale_ffn).to(dt)
+        if ctx.ffn_in is not None:
+            y, bias = ctx.ffn_in(self.ffn, x, shift_ffn, scale_ffn, self.eps, lay, dt)
+        else:
+            y, bias = ffn_unbiased(self.ffn, lay.modulate(layer_norm32(x, self.eps), shift_ffn, scale_ffn).to(dt))
         if ctx.ffn_residual == "next":
-            return x, *ffn_unbiased(self.ffn, h), gate_ffn
-        return carried_add(lay, x, (self.ffn(h), None, gate_ffn), ctx.residual)
+            return x, y, bias, gate_ffn
+        return carried_add(lay, x, (y, bias, gate_ffn), ctx.residual)
 
 
 def ffn_unbiased(ffn: nn.Module, h: Tensor) -> tuple[Tensor, Tensor | None]:

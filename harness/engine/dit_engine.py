@@ -60,7 +60,7 @@ from torch import Tensor
 from torch._dynamo.utils import counters, get_compilation_metrics
 
 from harness.config import LATENT_CHANNELS, HarnessConfig
-from harness.engine import camera, graph_inputs, qk_norm_rope, schedule
+from harness.engine import camera, ffn_norm, graph_inputs, qk_norm_rope, schedule
 from harness.engine.attention import AttentionChoice, OutputBuffers
 from harness.engine.conditions import (ImageCondition, SessionConditions, image_condition, model_input, session_image,
                                        session_text_embedding)
@@ -154,6 +154,7 @@ class DitEngine:
         self.block_inputs = cfg.runtime.block_inputs
         self.attention_out = cfg.runtime.attention_out
         self._qk, self._qk_tuned = "ops", False
+        self._ffn_norm, self._ffn_norm_tuned = "ops", False
         #: the chunk whose commit pass waits for the engine's next call ("deferred" commit, H5b)
         self._pending: DenoisedChunk | None = None
         self._commit_when = "inline"
@@ -174,6 +175,7 @@ class DitEngine:
         self._sessions = itertools.count()
         self.rope = RopeTables(m.head_dim, self.grid, self.layout, self.device)
         self.qk_norm_rope = cfg.runtime.qk_norm_rope
+        self.ffn_norm = cfg.runtime.ffn_norm
         self.t_freq = sinusoidal(self.timesteps, m.freq_dim).to(self.device)  # (phases, freq_dim)
         self.rays = camera.CameraRays(v.height, v.width, self.device)
         #: Makes each chunk's ``CameraModulation`` (the seam H2a's camera cache installs into).
@@ -273,6 +275,21 @@ class DitEngine:
             qk_norm_rope.tune(self.layout.n, m.dim, m.num_heads, self.cache.block_size, self.device)
             self._qk_tuned = True
         self._qk = how
+
+    @property
+    def ffn_norm(self) -> str:
+        """How a block's FFN input (norm, modulation, rounding, FP8 quantisation) is made: "ops",
+        the module's own (compiled: Inductor's kernel), or "kernel", one op (``ffn_norm``, H2f)."""
+        return self._ffn_norm
+
+    @ffn_norm.setter
+    def ffn_norm(self, how: str) -> None:
+        if how not in ("ops", "kernel"):
+            raise HarnessError(f"ffn_norm must be ops or kernel, got {how!r}")
+        if how == "kernel" and not self._ffn_norm_tuned and not self.meta:  # the Triton autotuning, outside any capture
+            ffn_norm.tune(self.layout.n, self.cfg.model.dim, self.frames, self.device)
+            self._ffn_norm_tuned = True
+        self._ffn_norm = how
 
     @property
     def commit(self) -> str:
@@ -428,7 +445,8 @@ class DitEngine:
                              camera=self.camera_modulation(), outputs=self.outputs, kv_write=self.kv_write,
                              residual=self.dtype if self.residual == "runtime" else torch.float32,
                              ffn_residual=self.ffn_residual, inputs=self.inputs,
-                             qk=qk_norm_rope.fused_qk if self._qk == "kernel" else None)
+                             qk=qk_norm_rope.fused_qk if self._qk == "kernel" else None,
+                             ffn_in=ffn_norm.fused_ffn if self._ffn_norm == "kernel" else None)
         if self.hooks:
             self._emit("chunk_start", session=session.sid, chunk=session.chunk, kv_tokens=session.kv_tokens[-1])
 

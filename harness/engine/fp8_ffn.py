@@ -75,7 +75,12 @@ class Fp8Ffn(nn.Module):
         block hands its last residual add on (H2c), the add travels with it, into the next
         block's norm kernel, instead of being a kernel of its own at the graph's end."""
         lead = x.shape[:-1]
-        up, down = self.up, self.down
-        u = up.product(*rowwise_quantize(x.reshape(-1, up.in_features)))
-        y = down.product(*bias_gelu_quantize(u, up.bias))
-        return y.reshape(*lead, down.out_features), down.bias
+        y, bias = self.unbiased_quantized(*rowwise_quantize(x.reshape(-1, self.up.in_features)))
+        return y.reshape(*lead, self.down.out_features), bias
+
+    def unbiased_quantized(self, x8: Tensor, xs: Tensor) -> tuple[Tensor, Tensor | None]:
+        """``unbiased`` from the input already quantised: (M, K) e4m3 codes and their per-row
+        scales (M, 1), as ``rowwise_quantize`` makes them — or the FFN norm's op (H2f), which
+        makes them in the pass that norms and modulates the stream."""
+        u = self.up.product(x8, xs)
+        return self.down.product(*bias_gelu_quantize(u, self.up.bias)), self.down.bias
