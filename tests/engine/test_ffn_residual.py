@@ -62,8 +62,9 @@ def test_carried_add_gives_the_blocks_own_latents(mode, dtype):
 
 
 def test_the_fp8_ffns_bias_add_travels_with_the_carried_add():
-    """H6e's FFN adds FFN-down's bias outside its GEMM: under H2c that add goes with the carried
-    add into the next block (no kernel of its own at the graph's end), bitwise in eager."""
+    """H6e's FFN adds FFN-down's bias outside its GEMM: every block hands it on with its output
+    (``ffn_unbiased``), never through the FFN's own forward; under H2c that add goes with the
+    carried add into the next block (no kernel of its own at the graph's end), bitwise in eager."""
     from harness.candidates import get
     from harness.engine.dit import ffn_unbiased
 
@@ -76,21 +77,24 @@ def test_the_fp8_ffns_bias_add_travels_with_the_carried_add():
     try:
         y, bias = ffn_unbiased(block.ffn, h)
         assert bias is block.ffn.down.bias and torch.equal(y + bias, block.ffn(h))
-        calls = {"forward": 0}
-        for b in eng.model.blocks:  # counts where an FFN adds its own bias (its forward)
-            b.ffn.forward = _counting(b.ffn.forward, calls)
+        calls = {"forward": 0, "unbiased": 0}
+        for b in eng.model.blocks:  # counts where an FFN adds its own bias (its forward) and where not
+            b.ffn.forward = _counting(b.ffn.forward, calls, "forward")
+            b.ffn.unbiased = _counting(b.ffn.unbiased, calls, "unbiased")
         carried = _session(eng, "next")
+        passes = calls["unbiased"]
+        assert passes > 0 and passes % (CHUNKS * eng.cfg.model.num_layers) == 0, calls
         assert calls["forward"] == 0  # every block handed its bias on
         own = _session(eng, "own")
-        assert calls["forward"] == CHUNKS * 5 * eng.cfg.model.num_layers
+        assert calls == {"forward": 0, "unbiased": 2 * passes}, calls
         _same(carried, own, exact=True)
     finally:
         revert()
 
 
-def _counting(fn, calls: dict):
+def _counting(fn, calls: dict, key: str):
     def counted(*args):
-        calls["forward"] += 1
+        calls[key] += 1
         return fn(*args)
     return counted
 
