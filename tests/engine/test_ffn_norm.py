@@ -22,13 +22,15 @@ from harness.config import load_preset, override
 from harness.engine.dit_engine import DitEngine
 from harness.engine.ffn_norm import norm_modulate_reference
 from harness.engine.fp8_linear import rowwise_quantize
-from harness.engine.groups import RankGroup, run_ranks
-from harness.errors import HarnessError
-from harness.experiments.ab_engine import ENGINE_SWITCHES
+from harness.engine.groups import RankGroup
 from tests.candidates.test_h6e_fp8_ffn_fused import cpu_fp8
 from tests.helpers.interpreter import check_in_interpreter
-from tests.helpers.ranks import assert_ranks_match
-from tests.helpers.sessions import assert_compiled_op_within_gate, session_bytes
+from tests.helpers.switches import (
+    assert_compiled_switch_within_gate,
+    assert_sp_ranks_switch_alike,
+    assert_switch_candidate,
+    switched_session,
+)
 
 CACHE = {"sink_frames": 3, "window_frames": 9}  # evicts from chunk 3 on
 CHUNKS = 4
@@ -117,8 +119,7 @@ def _cfg(sp: int = 1, mode: str = "eager", dtype: str = "bfloat16", **runtime):
 
 
 def _session(eng: DitEngine, how: str) -> list[bytes]:
-    eng.ffn_norm = how
-    return session_bytes(eng, "h2f", CHUNKS)
+    return switched_session(eng, "ffn_norm", how, CHUNKS)
 
 
 @pytest.mark.parametrize("dtype, ffn_residual", [("float32", "own"), ("bfloat16", "own"), ("bfloat16", "next")])
@@ -144,37 +145,15 @@ def test_eager_op_gives_h6es_bytes():
 
 def test_compiled_op_within_the_gate_and_nothing_recompiles():
     eng = DitEngine(_cfg(mode="compiled"), group=RankGroup.single(), device=torch.device("cpu"), seed=3)
-    assert_compiled_op_within_gate(lambda how: _session(eng, how), CHUNKS)
-    per_chunk = eng.compile_stats()["compiles_per_chunk"]
-    for v in range(2):  # each setting's first chunk may trace; nothing after it compiles
-        assert per_chunk[v * CHUNKS + 1 : (v + 1) * CHUNKS] == [0] * (CHUNKS - 1), per_chunk
-
-
-def _rank(group: RankGroup, cfg) -> dict:
-    torch.set_num_threads(1)
-    eng = DitEngine(override(cfg, parallel={"sp": group.size}), group=group, device=torch.device("cpu"), seed=3)
-    return {"ops": _session(eng, "ops"), "kernel": _session(eng, "kernel")}
+    assert_compiled_switch_within_gate(eng, "ffn_norm", CHUNKS)
 
 
 @pytest.mark.parametrize("sp", [2, 4])
 def test_sp_ranks_give_their_own_bytes(sp):
     """At SP 4 the tiny preset's 32-token frames split into 24-token slices: ranks 1 and 2 start mid-frame."""
-    cfg = _cfg()
-    one = run_ranks(_rank, 1, cfg)[0]
-    ranks = run_ranks(_rank, sp, cfg)
-    for r in ranks:
-        assert r["kernel"] == r["ops"]
-    assert_ranks_match([r["kernel"] for r in ranks], ranks[0]["kernel"], one["kernel"], 1e-4)
+    assert_sp_ranks_switch_alike(_cfg(), sp, "ffn_norm", CHUNKS)
 
 
 def test_candidate_sets_the_switch_and_needs_the_gpu():
-    cuda = override(load_preset("tiny"), runtime={"device": "cuda"})
-    c = C.get("H2f")
-    assert c.gate == "threshold" and "ffn_norm" in ENGINE_SWITCHES
-    assert c.configure(cuda, "").runtime.ffn_norm == "kernel"
-    with pytest.raises(HarnessError, match=r"^candidate H2f \(ffn_norm_kernel\) needs cuda; this run is on cpu$"):
-        C.resolve(["H2f"], load_preset("tiny"))
     eng = DitEngine(_cfg(), group=RankGroup.single(), device=torch.device("cpu"), seed=3)
-    with pytest.raises(HarnessError, match="ffn_norm must be ops or kernel"):
-        eng.ffn_norm = "triton"
-    assert eng.ffn_norm == "ops"
+    assert_switch_candidate("H2f", "ffn_norm_kernel", "ffn_norm", eng)

@@ -15,17 +15,18 @@ import re
 import pytest
 import torch
 
-from harness import candidates as C
 from harness.config import load_preset, override
 from harness.engine.dit import store_kv
 from harness.engine.dit_engine import DitEngine
-from harness.engine.groups import RankGroup, run_ranks
+from harness.engine.groups import RankGroup
 from harness.engine.qk_norm_rope import norm_rope_reference, qk_norm_rope_store
-from harness.errors import HarnessError
-from harness.experiments.ab_engine import ENGINE_SWITCHES
 from tests.helpers.interpreter import check_in_interpreter
-from tests.helpers.ranks import assert_ranks_match
-from tests.helpers.sessions import assert_compiled_op_within_gate, session_bytes
+from tests.helpers.switches import (
+    assert_compiled_switch_within_gate,
+    assert_sp_ranks_switch_alike,
+    assert_switch_candidate,
+    switched_session,
+)
 
 CACHE = {"sink_frames": 3, "window_frames": 9}  # evicts from chunk 3 on
 CHUNKS = 5
@@ -117,8 +118,7 @@ def _cfg(sp: int = 1, mode: str = "eager", dtype: str = "float32", **runtime):
 
 
 def _session(eng: DitEngine, how: str) -> list[bytes]:
-    eng.qk_norm_rope = how
-    return session_bytes(eng, "h2d", CHUNKS)
+    return switched_session(eng, "qk_norm_rope", how, CHUNKS)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -131,10 +131,7 @@ def test_eager_op_gives_the_modules_bytes(kv_write, dtype):
 def test_compiled_op_within_the_gate_and_nothing_recompiles():
     eng = DitEngine(_cfg(mode="compiled", dtype="bfloat16", kv_write="graph"), group=RankGroup.single(),
                     device=torch.device("cpu"), seed=3)
-    assert_compiled_op_within_gate(lambda how: _session(eng, how), CHUNKS)
-    per_chunk = eng.compile_stats()["compiles_per_chunk"]
-    for v in range(2):  # each setting's first chunk may trace; nothing after it compiles
-        assert per_chunk[v * CHUNKS + 1 : (v + 1) * CHUNKS] == [0] * (CHUNKS - 1), per_chunk
+    assert_compiled_switch_within_gate(eng, "qk_norm_rope", CHUNKS)
 
 
 def test_compiled_op_writes_the_pools_in_place():
@@ -163,31 +160,12 @@ def test_compiled_op_writes_the_pools_in_place():
     assert (k_pool.data_ptr(), v_pool.data_ptr()) == pointers
 
 
-def _rank(group: RankGroup, cfg) -> dict:
-    torch.set_num_threads(1)
-    eng = DitEngine(override(cfg, parallel={"sp": group.size}), group=group, device=torch.device("cpu"), seed=3)
-    return {"ops": _session(eng, "ops"), "kernel": _session(eng, "kernel")}
-
-
 @pytest.mark.parametrize("sp", [2, 4])
 def test_sp_ranks_give_their_own_bytes(sp):
     """Under SP the op returns K and the core's all-to-all moves them (no store in the graph)."""
-    cfg = _cfg(kv_write="graph")
-    one = run_ranks(_rank, 1, cfg)[0]
-    ranks = run_ranks(_rank, sp, cfg)
-    for r in ranks:
-        assert r["kernel"] == r["ops"]
-    assert_ranks_match([r["kernel"] for r in ranks], ranks[0]["kernel"], one["kernel"], 1e-4)
+    assert_sp_ranks_switch_alike(_cfg(kv_write="graph"), sp, "qk_norm_rope", CHUNKS)
 
 
 def test_candidate_sets_the_switch_and_needs_the_gpu():
-    cuda = override(load_preset("tiny"), runtime={"device": "cuda"})
-    c = C.get("H2d")
-    assert c.gate == "threshold" and "qk_norm_rope" in ENGINE_SWITCHES
-    assert c.configure(cuda, "").runtime.qk_norm_rope == "kernel"
-    with pytest.raises(HarnessError, match=r"^candidate H2d \(qk_norm_rope_kernel\) needs cuda; this run is on cpu$"):
-        C.resolve(["H2d"], load_preset("tiny"))
     eng = DitEngine(_cfg(), group=RankGroup.single(), device=torch.device("cpu"), seed=3)
-    with pytest.raises(HarnessError, match="qk_norm_rope must be ops or kernel"):
-        eng.qk_norm_rope = "triton"
-    assert eng.qk_norm_rope == "ops"
+    assert_switch_candidate("H2d", "qk_norm_rope_kernel", "qk_norm_rope", eng)
