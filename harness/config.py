@@ -153,6 +153,9 @@ class RuntimeConfig(_Section):
     #: the DiT block's FFN input — its LayerNorm, modulation, rounding and, for an FP8 FFN (H6e),
     #: FFN-up's per-row quantisation: "ops", the module's own, or "kernel", one op — a Triton kernel on CUDA (H2f)
     ffn_norm: Literal["ops", "kernel"] = "ops"
+    #: the DiT block's self-attention input — the carried FFN add (H2c), its first LayerNorm,
+    #: modulation and rounding: "ops", the module's own, or "kernel", one op — a Triton kernel on CUDA (H2g)
+    attn_norm: Literal["ops", "kernel"] = "ops"
     #: how inductor picks its generated kernels' shapes when it compiles the DiT blocks (H2e): ""
     #: its defaults; "multi-kernel" each reduction both looped and persistent (the whole row in
     #: registers), the faster timed at the first call; "coordinate-descent" each kernel's block

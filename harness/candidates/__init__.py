@@ -38,6 +38,7 @@ MODULES: dict[str, str] = {
     "H2d": "h2d_qk_norm_rope_kernel",
     "H2e": "h2e_inductor_tuning",
     "H2f": "h2f_ffn_norm_kernel",
+    "H2g": "h2g_attn_norm_kernel",
     "H3a": "h3a_vae_compile",
     "H3b": "h3b_vae_bf16",
     "H3c": "h3c_condition_fp16",

@@ -6,7 +6,7 @@ On an H200 at 480×832 with the stack of gpu-batch23 (H6e … H2d), the largest 
 GEMM and attention is Inductor's for these steps: 23.9 ms a steady chunk over 200 calls, a looped
 reduction that walks each 5 120-wide row three times (Inductor keeps a row in registers only to
 1 024 columns), where one read of the fp32 stream and one write of the codes is ≈ 120 MB a call.
-The kernel (``engine/fused_ffn_norm.py``) holds a row in registers and does it in one pass; the op
+The kernel (``engine/fused_norm.py``) holds a row in registers and does it in one pass; the op
 around it (``engine/ffn_norm.py``) is opaque to Inductor. Without H6e the op makes the bf16 input
 the FFN's GEMM reads (one rounding less to fuse, the same single read).
 

@@ -198,6 +198,9 @@ QkFn = Callable[[Tensor, "SelfAttention", Tensor, "tuple[Tensor, Tensor, Tensor]
                 "tuple[Tensor, Tensor | None, Tensor | None]"]
 #: (the block's FFN, stream, shift, scale, eps, layout, dtype) → (output, bias still to add): ``ForwardContext.ffn_in``
 FfnInFn = Callable[[nn.Module, Tensor, Tensor, Tensor, float, "TokenLayout", torch.dtype], "tuple[Tensor, Tensor | None]"]
+#: (stream, carried or None, shift, scale, eps, layout, dtype, residual) → (stream, attention input): ``ForwardContext.attn_in``
+AttnInFn = Callable[[Tensor, "tuple[Tensor, Tensor | None, Tensor] | None", Tensor, Tensor, float, "TokenLayout",
+                     torch.dtype, torch.dtype], "tuple[Tensor, Tensor]"]
 
 
 @dataclass
@@ -233,6 +236,10 @@ class ForwardContext:
     #: op: (ffn, x, shift, scale, eps, layout, dtype) → (output, bias still to add) (H2f,
     #: ``ffn_norm.fused_ffn``); None: the module's own ops
     ffn_in: FfnInFn | None = None
+    #: the self-attention's input with the carried FFN add (H2c) in front, made by one op: (x,
+    #: carried, shift, scale, eps, layout, dtype, residual) → (the new stream, the input) (H2g,
+    #: ``attn_norm.fused_attn_in``); None: the module's own ops
+    attn_in: AttnInFn | None = None
     #: where the host-made values the blocks read (modulation, camera tokens) are handed on: None,
     #: fresh tensors; or persistent static-address buffers, read in place by CUDA graphs (H1g)
     inputs: StaticInputs | None = None
@@ -441,11 +448,15 @@ class Block(nn.Module):
         this block's first norm instead of writing the stream and reading it back across a graph
         boundary, and returns (x, its FFN output, bias, gate) unadded."""
         lay, dt = ctx.layout, self.modulation.dtype
-        if carried is not None:
-            x = carried_add(lay, x, carried, ctx.residual)
         mod = (self.modulation.float() + e0).unbind(1)
         shift_msa, scale_msa, gate_msa, shift_ffn, scale_ffn, gate_ffn = mod
-        y = self.self_attn(lay.modulate(layer_norm32(x, self.eps), shift_msa, scale_msa).to(dt), ctx, kv_dest)
+        if ctx.attn_in is not None:
+            x, h = ctx.attn_in(x, carried, shift_msa, scale_msa, self.eps, lay, dt, ctx.residual)
+        else:
+            if carried is not None:
+                x = carried_add(lay, x, carried, ctx.residual)
+            h = lay.modulate(layer_norm32(x, self.eps), shift_msa, scale_msa).to(dt)
+        y = self.self_attn(h, ctx, kv_dest)
         x = lay.gated_add(x, y, gate_msa).to(ctx.residual)
         x = camera_update(x, *cam)
         x = x + self.cross_attn(layer_norm32(x, self.eps, self.norm3).to(dt), ctx)

@@ -60,7 +60,7 @@ from torch import Tensor
 from torch._dynamo.utils import counters, get_compilation_metrics
 
 from harness.config import LATENT_CHANNELS, HarnessConfig
-from harness.engine import camera, ffn_norm, graph_inputs, qk_norm_rope, schedule
+from harness.engine import attn_norm, camera, ffn_norm, graph_inputs, qk_norm_rope, schedule
 from harness.engine.attention import AttentionChoice, OutputBuffers
 from harness.engine.conditions import (ImageCondition, SessionConditions, image_condition, model_input, session_image,
                                        session_text_embedding)
@@ -154,7 +154,7 @@ class DitEngine:
         self.block_inputs = cfg.runtime.block_inputs
         self.attention_out = cfg.runtime.attention_out
         self._qk, self._qk_tuned = "ops", False
-        self._ffn_norm, self._ffn_norm_tuned = "ops", False
+        self._ffn_norm, self._attn_norm, self._norms_tuned = "ops", "ops", False
         #: the chunk whose commit pass waits for the engine's next call ("deferred" commit, H5b)
         self._pending: DenoisedChunk | None = None
         self._commit_when = "inline"
@@ -176,6 +176,7 @@ class DitEngine:
         self.rope = RopeTables(m.head_dim, self.grid, self.layout, self.device)
         self.qk_norm_rope = cfg.runtime.qk_norm_rope
         self.ffn_norm = cfg.runtime.ffn_norm
+        self.attn_norm = cfg.runtime.attn_norm
         self.t_freq = sinusoidal(self.timesteps, m.freq_dim).to(self.device)  # (phases, freq_dim)
         self.rays = camera.CameraRays(v.height, v.width, self.device)
         #: Makes each chunk's ``CameraModulation`` (the seam H2a's camera cache installs into).
@@ -284,12 +285,28 @@ class DitEngine:
 
     @ffn_norm.setter
     def ffn_norm(self, how: str) -> None:
-        if how not in ("ops", "kernel"):
-            raise HarnessError(f"ffn_norm must be ops or kernel, got {how!r}")
-        if how == "kernel" and not self._ffn_norm_tuned and not self.meta:  # the Triton autotuning, outside any capture
-            ffn_norm.tune(self.layout.n, self.cfg.model.dim, self.frames, self.device)
-            self._ffn_norm_tuned = True
+        self._tune_norms("ffn_norm", how)
         self._ffn_norm = how
+
+    @property
+    def attn_norm(self) -> str:
+        """How a block's self-attention input (the carried FFN add, norm, modulation, rounding) is
+        made: "ops", the module's own (compiled: Inductor's kernel), or "kernel", one op (``attn_norm``, H2g)."""
+        return self._attn_norm
+
+    @attn_norm.setter
+    def attn_norm(self, how: str) -> None:
+        self._tune_norms("attn_norm", how)
+        self._attn_norm = how
+
+    def _tune_norms(self, switch: str, how: str) -> None:
+        """Checks a norm switch's setting; the first "kernel" runs the Triton autotuning of every
+        norm kernel (``fused_norm.tune``), outside any capture."""
+        if how not in ("ops", "kernel"):
+            raise HarnessError(f"{switch} must be ops or kernel, got {how!r}")
+        if how == "kernel" and not self._norms_tuned and not self.meta:
+            ffn_norm.tune(self.layout.n, self.cfg.model.dim, self.frames, self.device)
+            self._norms_tuned = True
 
     @property
     def commit(self) -> str:
@@ -446,7 +463,8 @@ class DitEngine:
                              residual=self.dtype if self.residual == "runtime" else torch.float32,
                              ffn_residual=self.ffn_residual, inputs=self.inputs,
                              qk=qk_norm_rope.fused_qk if self._qk == "kernel" else None,
-                             ffn_in=ffn_norm.fused_ffn if self._ffn_norm == "kernel" else None)
+                             ffn_in=ffn_norm.fused_ffn if self._ffn_norm == "kernel" else None,
+                             attn_in=attn_norm.fused_attn_in if self._attn_norm == "kernel" else None)
         if self.hooks:
             self._emit("chunk_start", session=session.sid, chunk=session.chunk, kv_tokens=session.kv_tokens[-1])
 

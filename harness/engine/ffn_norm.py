@@ -3,7 +3,7 @@ and, for an FP8 FFN, FFN-up's per-row quantisation — as one op over the residu
 
 ``fused_ffn`` is what ``ForwardContext.ffn_in`` holds: it gives ``Block.forward`` the FFN output
 and the bias still to add that its own ops give. The ops are ``torch.library`` custom ops, so
-``torch.compile`` keeps each whole (a fake kernel for tracing): on CUDA ``fused_ffn_norm``'s
+``torch.compile`` keeps each whole (a fake kernel for tracing): on CUDA ``fused_norm``'s
 one-pass Triton kernel, where Inductor generates a looped reduction that reads each 5 120-wide row
 three times; elsewhere their defaults run the block's own ops in their order
 (``norm_modulate_reference``), bit for bit what the block computes in eager, which is what the
@@ -40,7 +40,7 @@ def norm_modulate(x: Tensor, shift: Tensor, scale: Tensor, eps: float, start: in
 @norm_modulate.register_kernel("cuda")
 def _norm_modulate_cuda(x: Tensor, shift: Tensor, scale: Tensor, eps: float, start: int, tpf: int,
                         dtype: torch.dtype) -> Tensor:
-    from harness.engine import fused_ffn_norm as fused  # Triton: imported only on the GPU
+    from harness.engine import fused_norm as fused  # Triton: imported only on the GPU
 
     return fused.norm_modulate(x, shift, scale, eps, start, tpf, dtype)
 
@@ -61,7 +61,7 @@ def norm_modulate_quantize(x: Tensor, shift: Tensor, scale: Tensor, eps: float, 
 @norm_modulate_quantize.register_kernel("cuda")
 def _norm_modulate_quantize_cuda(x: Tensor, shift: Tensor, scale: Tensor, eps: float, start: int,
                                  tpf: int) -> tuple[Tensor, Tensor]:
-    from harness.engine import fused_ffn_norm as fused  # Triton: imported only on the GPU
+    from harness.engine import fused_norm as fused  # Triton: imported only on the GPU
 
     return fused.norm_modulate_quantize(x, shift, scale, eps, start, tpf)
 
@@ -83,10 +83,10 @@ def fused_ffn(ffn: nn.Module, x: Tensor, shift: Tensor, scale: Tensor, eps: floa
 
 
 def tune(rows: int, dim: int, frames: int, device: torch.device) -> str:
-    """The kernel's autotuning, before any graph is compiled or captured (``fused_ffn_norm.tune``);
+    """The kernel's autotuning, before any graph is compiled or captured (``fused_norm.tune``);
     "" off the GPU, where nothing is tuned."""
     if device.type != "cuda":
         return ""
-    from harness.engine import fused_ffn_norm as fused  # Triton: imported only on the GPU
+    from harness.engine import fused_norm as fused  # Triton: imported only on the GPU
 
     return fused.tune(rows, dim, frames, device)

@@ -48,7 +48,7 @@ from harness.measure.gates import latent_metrics, latent_passes
 
 #: Runtime fields the DiT engine reads at every forward, so a candidate may flip them per session.
 ENGINE_SWITCHES = ("kv_path", "kv_layout", "attention", "attention_out", "kv_write", "residual", "ffn_residual", "block_inputs",
-                   "qk_norm_rope", "ffn_norm", "inductor_tuning")
+                   "qk_norm_rope", "ffn_norm", "attn_norm", "inductor_tuning")
 
 
 class ArmPlan(msgspec.Struct, frozen=True):

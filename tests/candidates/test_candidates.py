@@ -91,7 +91,7 @@ def test_gpu_candidates_are_refused_on_cpu(cid, tmp_path):
 
 
 def test_every_candidate_is_listed(capsys):
-    assert list(candidates.MODULES) == ["H1a", "H1b", "H1c", "H1d", "H1e", "H1f", "H1g", "H2a", "H2b", "H2c", "H2d", "H2e", "H2f", "H3a", "H3b", "H3c", "H4a", "H4b", "H5a", "H5b", "H5c", "H6a", "H6b", "H6c", "H6d", "H6e", "H6f"]
+    assert list(candidates.MODULES) == ["H1a", "H1b", "H1c", "H1d", "H1e", "H1f", "H1g", "H2a", "H2b", "H2c", "H2d", "H2e", "H2f", "H2g", "H3a", "H3b", "H3c", "H4a", "H4b", "H5a", "H5b", "H5c", "H6a", "H6b", "H6c", "H6d", "H6e", "H6f"]
     from harness.cli import main
 
     assert main(["candidates"]) == 0

@@ -24,7 +24,7 @@ from harness.engine.ffn_norm import norm_modulate_reference
 from harness.engine.fp8_linear import rowwise_quantize
 from harness.engine.groups import RankGroup
 from tests.candidates.test_h6e_fp8_ffn_fused import cpu_fp8
-from tests.helpers.interpreter import check_in_interpreter
+from tests.helpers.interpreter import check_in_interpreter, steps_apart
 from tests.helpers.switches import (
     assert_compiled_switch_within_gate,
     assert_sp_ranks_switch_alike,
@@ -44,17 +44,6 @@ def _inputs(n: int, dim: int, frames: int, dtype: torch.dtype, g: torch.Generato
     return x.to(dtype).to(device), mod[:, 3].to(device), mod[:, 4].to(device)
 
 
-def _steps_apart(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Elements of a (the kernel's) and b (the ops') that differ, after checking that none is
-    further than the kernel's float32 error can move it: a few float32 steps of the row's
-    largest value, plus, in bf16, one bf16 step of the value itself."""
-    x, y = a.double(), b.double()
-    bound = 1e-6 * y.abs().amax(dim=-1, keepdim=True) + (2.0 ** -7 * y.abs() if a.dtype == torch.bfloat16 else 0)
-    err = (x - y).abs()
-    assert bool((err <= bound).all()), f"{int((err > bound).sum())} elements off by up to {float(err.max()):.3g}"
-    return int((a != b).sum())
-
-
 def _codes_apart(q: torch.Tensor, s: torch.Tensor, q0: torch.Tensor, s0: torch.Tensor) -> int:
     """Codes of the kernel's (q, s) that differ from the reference's (q0, s0): the scales one bf16
     amax apart at most, and each differing code one e4m3 step (or one subnormal step) away."""
@@ -67,7 +56,7 @@ def _codes_apart(q: torch.Tensor, s: torch.Tensor, q0: torch.Tensor, s0: torch.T
 
 
 def check(device: str, bound: float) -> None:
-    from harness.engine import fused_ffn_norm as fused
+    from harness.engine import fused_norm as fused
 
     g = torch.Generator().manual_seed(0)
     off = total = 0
@@ -79,7 +68,7 @@ def check(device: str, bound: float) -> None:
                 want = norm_modulate_reference(x, shift, scale, 1e-6, start, tpf, out)
                 got = fused.norm_modulate(x, shift, scale, 1e-6, start, tpf, out)
                 assert got.shape == x.shape and got.dtype == out
-                d = _steps_apart(got, want)
+                d = steps_apart(got, want)
                 if out == torch.bfloat16:
                     off, total = off + d, total + got.numel()
             q0, s0 = rowwise_quantize(norm_modulate_reference(x, shift, scale, 1e-6, start, tpf, torch.bfloat16))
