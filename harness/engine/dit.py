@@ -448,15 +448,15 @@ class Block(nn.Module):
         this block's first norm instead of writing the stream and reading it back across a graph
         boundary, and returns (x, its FFN output, bias, gate) unadded."""
         lay, dt = ctx.layout, self.modulation.dtype
-        if carried is not None and ctx.attn_in is None:
-            x = carried_add(lay, x, carried, ctx.residual)
         mod = (self.modulation.float() + e0).unbind(1)
         shift_msa, scale_msa, gate_msa, shift_ffn, scale_ffn, gate_ffn = mod
         if ctx.attn_in is not None:  # the carried add goes into the op (H2g)
             x, h = ctx.attn_in(x, carried, shift_msa, scale_msa, self.eps, lay, dt, ctx.residual)
-            y = self.self_attn(h, ctx, kv_dest)
         else:
-            y = self.self_attn(lay.modulate(layer_norm32(x, self.eps), shift_msa, scale_msa).to(dt), ctx, kv_dest)
+            if carried is not None:
+                x = carried_add(lay, x, carried, ctx.residual)
+            h = lay.modulate(layer_norm32(x, self.eps), shift_msa, scale_msa).to(dt)
+        y = self.self_attn(h, ctx, kv_dest)
         x = lay.gated_add(x, y, gate_msa).to(ctx.residual)
         x = camera_update(x, *cam)
         x = x + self.cross_attn(layer_norm32(x, self.eps, self.norm3).to(dt), ctx)

@@ -94,11 +94,10 @@ def _add_norm_kernel(x_ptr, y_ptr, bias_ptr, gate_ptr, shift_ptr, scale_ptr, xo_
     tl.store(h_ptr + row * n_cols + cols, h.to(h_ptr.dtype.element_ty), mask=m)
 
 
-#: on the GPU, the number of warps timed per row width at the first call (the interpreter has no timer)
-_tuned_kernel = triton.autotune(configs=[triton.Config({}, num_warps=w) for w in (4, 8, 16)],
-                                key=["n_cols", "QUANT"])(_ffn_norm_kernel)
-_tuned_add_kernel = triton.autotune(configs=[triton.Config({}, num_warps=w) for w in (4, 8, 16)],
-                                    key=["n_cols", "BIAS", "ROUND_X"])(_add_norm_kernel)
+#: on the GPU, the number of warps timed per row width and form at the first call (the interpreter has no timer)
+_WARPS = [triton.Config({}, num_warps=w) for w in (4, 8, 16)]
+_tuned_kernel = triton.autotune(configs=_WARPS, key=["n_cols", "QUANT"])(_ffn_norm_kernel)
+_tuned_add_kernel = triton.autotune(configs=_WARPS, key=["n_cols", "BIAS", "ROUND_X"])(_add_norm_kernel)
 
 
 def _check(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, start: int, tpf: int) -> None:
