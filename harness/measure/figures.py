@@ -269,6 +269,10 @@ _TABLE: tuple[Figure, ...] = (
     Figure(name="a2p_floor", label="A2P floor ms", keys=("floor_ms",), unit="ms", where="interaction.floor_ms",
            formula="what the cadence implies at delivery: boundary interval ÷ 2 (the mean wait of an event arriving "
                    "at a uniformly random moment) + pipeline"),
+    Figure(name="a2p_delivery_intervals", label="A2P P50 / interval", keys=("delivery_ms", "interval_ms"), unit="intervals",
+           where="interaction.in_intervals",
+           formula="A2P delivery P50 ÷ the median boundary interval: the wait in chunks of cadence (the floor is "
+                   "0.5 + pipeline ÷ interval)"),
     Figure(name="a2p_interval", label="boundary interval ms", keys=("interval_ms",), unit="ms", where="interaction.floor_ms",
            formula="median interval between consecutive chunk boundaries (server clock), nearest rank"),
     Figure(name="a2p_pipeline", label="pipeline ms", keys=("pipeline_ms",), unit="ms", where="interaction.floor_ms",

@@ -162,6 +162,14 @@ def floor_ms(boundaries: list[int | None], pipelines_ns: list[int]) -> tuple[flo
     return t, pipe, (t / 2 + pipe if t is not None and pipe is not None else None)
 
 
+def in_intervals(s: A2PSummary) -> float | None:
+    """Action-to-photon P50 at delivery in boundary intervals: what a player waits, in chunks of
+    cadence (the floor is 0.5 + pipeline ÷ T; under 1.5 only if a chunk is delivered within one
+    interval of its boundary)."""
+    p50 = s.delivery_ms.get("p50")
+    return None if p50 is None or not s.interval_ms else p50 / s.interval_ms
+
+
 def summarize(log: InteractionLog) -> A2PSummary:
     everywhere = _joined(log)
     joined = [(e, c) for e, c in everywhere if c.delivered_ns is not None]
@@ -230,7 +238,8 @@ def invariants(log: InteractionLog) -> list[tuple[str, list[str]]]:
 
 # ---- the printed tables (columns: harness.measure.figures) ----------------------------------------
 LATENCY_COLUMNS = ("a2p_events", "a2p_applied", "a2p_late", "a2p_delivery_p50", "a2p_delivery_p95", "a2p_delivery_p99",
-                   "a2p_playout_p50", "a2p_playout_p95", "a2p_playout_p99", "a2p_next_share", "a2p_floor")
+                   "a2p_playout_p50", "a2p_playout_p95", "a2p_playout_p99", "a2p_next_share", "a2p_floor",
+                   "a2p_delivery_intervals")
 PARTS_COLUMNS = ("a2p_uplink", "a2p_wait", "a2p_generation", "a2p_decode", "a2p_encode", "a2p_transport", "a2p_buffer",
                  "a2p_parts_sum", "a2p_interval", "a2p_pipeline")
 
@@ -248,7 +257,7 @@ def _cell(v: float | None, digits: int = 1) -> str:
 def latency_cells(s: A2PSummary) -> list[str]:
     return [str(s.events), str(s.applied), str(s.late), *(_cell(s.delivery_ms[f"p{p}"]) for p in (50, 95, 99)),
             *(_cell(s.playout_ms[f"p{p}"]) for p in (50, 95, 99)),
-            _cell(None if s.next_share is None else 100 * s.next_share), _cell(s.floor_ms)]
+            _cell(None if s.next_share is None else 100 * s.next_share), _cell(s.floor_ms), _cell(in_intervals(s), 2)]
 
 
 def parts_cells(s: A2PSummary) -> list[str]:

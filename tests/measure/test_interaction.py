@@ -5,6 +5,7 @@ and the invariants a player session is judged by."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from harness.measure import figures as F
 from harness.measure import interaction as I
@@ -132,3 +133,16 @@ def test_every_summary_field_and_table_column_is_a_defined_figure():
         assert F.resolve(F.label(name)) is F.define(name)
     s = I.summarize(good_log())
     assert len(I.latency_cells(s)) == len(I.LATENCY_COLUMNS) and len(I.parts_cells(s)) == len(I.PARTS_COLUMNS)
+
+
+def test_action_to_photon_in_intervals_is_the_delivery_p50_over_the_boundary_interval():
+    def summary(p50: float | None, interval: float | None) -> I.A2PSummary:
+        return I.A2PSummary(events=2, applied=2, late=0, delivery_ms={"p50": p50, "p95": p50, "p99": p50},
+                            playout_ms={"p50": None, "p95": None, "p99": None}, next_share=1.0, parts_ms={},
+                            interval_ms=interval, pipeline_ms=None, floor_ms=None)
+
+    assert I.in_intervals(summary(3000.0, 2000.0)) == 1.5
+    assert I.in_intervals(summary(4270.5, 2793.0)) == pytest.approx(1.529, abs=5e-4)  # batch 13's Case D
+    assert I.in_intervals(summary(None, 2000.0)) is None and I.in_intervals(summary(3000.0, None)) is None
+    assert I.latency_cells(summary(3000.0, 2000.0))[-1] == "1.50"
+    assert I.latency_cells(summary(3000.0, None))[-1] == "not measured"

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.experiments.scenario.scenario_options import ARM_NAMES
 
 
 @dataclass
@@ -29,6 +30,7 @@ class Params:
     #: process (same parsing, same error path, no interpreter start-up)
     subprocess_every: int = 1
     player: str = "random:0"  # interactive: the player's trace (client --player)
+    arms: tuple[str, ...] = ("case-d", "case-e", "h5a")  # interactive: the arms, in order
 
 
 def params_from(args: argparse.Namespace, workdir: Path) -> Params:
@@ -46,4 +48,13 @@ def params_from(args: argparse.Namespace, workdir: Path) -> Params:
                   cancel_chunks=args.cancel_chunks, verify_chunks=args.verify_chunks,
                   points=tuple(x.strip() for x in args.points.split(",")) if args.points else None, ranks=ranks,
                   fault_chunk=args.fault_chunk, detect_bound_s=args.detect_bound, rss_slack_mib=args.rss_slack_mib,
-                  workdir=workdir, player=args.player)
+                  workdir=workdir, player=args.player, arms=arms_from(args.arms))
+
+
+def arms_from(text: str) -> tuple[str, ...]:
+    """``--arms``: a comma list of interactive's arms, each once."""
+    arms = tuple(a.strip() for a in text.split(",") if a.strip())
+    bad = [a for a in arms if a not in ARM_NAMES]
+    if bad or not arms or len(set(arms)) != len(arms):
+        raise HarnessError(f"--arms: expected distinct names from {', '.join(ARM_NAMES)}, got {text!r}")
+    return arms

@@ -4,6 +4,7 @@ its report; exit 1 when an invariant breaks."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import tempfile
 import time
@@ -50,9 +51,11 @@ def _check_interactive(args: argparse.Namespace) -> None:
         raise HarnessError("interactive runs over websocket only (a player needs the network protocol)")
     if args.connect:
         raise HarnessError("interactive launches its own servers, one per arm; --connect cannot be used")
-    if args.scheduler or args.candidate:
-        raise HarnessError("interactive sets the scheduler and candidate of each arm (Case D, Case E, H5a); "
-                           "drop --scheduler/--candidate")
+    if args.scheduler:
+        raise HarnessError("interactive sets the scheduler of each arm (Case D, Case E, H5a); drop --scheduler "
+                           "and pick arms with --arms")
+    if any(c.partition(":")[0] == "H5a" for c in args.candidate):
+        raise HarnessError("interactive runs H5a as an arm (--arms h5a); drop --candidate H5a")
     parse_trace(args.player)
 
 
@@ -65,9 +68,10 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "launcher", "local") != "local":
         raise HarnessError("scenarios run on the local launcher only (they watch worker processes through /proc)")
     cfg = resolve_config(args)
+    p = params_from(args, Path(tempfile.gettempdir()))  # checked before anything is made
     work = Path(tempfile.mkdtemp(prefix="harness-scenario-"))
+    p = dataclasses.replace(p, workdir=work)
     out_root = Path(args.out) if args.out else REPO_ROOT / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-scenario-{args.scenario}"
-    p = params_from(args, work)
     if args.scenario == "crash":
         _check_ranks(p, cfg)
     try:

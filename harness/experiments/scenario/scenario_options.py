@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 
 SCENARIOS = ("slow-consumer", "cancel", "crash", "bad-input", "interactive")
+#: interactive's arms (``interactive.ARMS``): Case D, Case E, and Case E's schedule as candidate H5a
+ARM_NAMES = ("case-d", "case-e", "h5a")
 
 
 def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,4 +29,7 @@ def add_scenario_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--window", type=int, help="websocket: the launched server's window of unacknowledged chunks")
     g.add_argument("--player", default="random:0", metavar="TRACE",
                    help="interactive: the player's trace, as client --player (default random:0)")
+    g.add_argument("--arms", default=",".join(ARM_NAMES),
+                   help="interactive: comma list of the arms to run, each its own server, in order (default "
+                        f"{','.join(ARM_NAMES)}); --candidate applies to every arm")
     g.add_argument("--rss-slack-mib", type=float, default=48.0, help="slow-consumer: allowed RSS growth across throttled sessions")

@@ -125,7 +125,9 @@ def serve_argv(args: argparse.Namespace) -> list[str]:
     for flag, name in (("--config", "config"), ("--preset", "preset"), ("--scheduler", "scheduler"), ("--mode", "mode"),
                        ("--chunks", "chunks"), ("--seed", "seed"), ("--hooks", "hooks"), ("--sp", "sp"),
                        ("--vae-ranks", "vae_ranks"), ("--device", "device"), ("--encoder", "encoder"),
-                       ("--ring-slots", "ring_slots"), ("--dit-gpus", "dit_gpus"), ("--vae-gpus", "vae_gpus")):
+                       ("--ring-slots", "ring_slots"), ("--dit-gpus", "dit_gpus"), ("--vae-gpus", "vae_gpus"),
+                       ("--telemetry", "telemetry"), ("--engine", "engine"), ("--dit-weights", "dit_weights"),
+                       ("--vae-weights", "vae_weights")):
         v = getattr(args, name, None)
         if isinstance(v, (tuple, list)):
             v = ",".join(map(str, v))
@@ -133,6 +135,8 @@ def serve_argv(args: argparse.Namespace) -> list[str]:
             out += [flag, str(v)]
     for c in getattr(args, "candidate", []) or []:
         out += ["--candidate", c]
+    for kv in getattr(args, "set", []) or []:
+        out += ["--set", kv]
     if getattr(args, "window", None):
         out += ["--window", str(args.window)]
     return out
