@@ -196,8 +196,10 @@ class CameraModulation:
 #: (QKV output, the SelfAttention, rope, kv_dest) → (q, k, v): ``ForwardContext.qk``
 QkFn = Callable[[Tensor, "SelfAttention", Tensor, "tuple[Tensor, Tensor, Tensor] | None"],
                 "tuple[Tensor, Tensor | None, Tensor | None]"]
-#: (the block's FFN, stream, shift, scale, eps, layout, dtype) → (output, bias still to add): ``ForwardContext.ffn_in``
-FfnInFn = Callable[[nn.Module, Tensor, Tensor, Tensor, float, "TokenLayout", torch.dtype], "tuple[Tensor, Tensor | None]"]
+#: (the block's FFN, stream, cross-attention output, shift, scale, eps, layout, dtype) → (the stream
+#: after the cross-attention's add, FFN output, bias still to add): ``ForwardContext.ffn_in``
+FfnInFn = Callable[[nn.Module, Tensor, Tensor, Tensor, Tensor, float, "TokenLayout", torch.dtype],
+                   "tuple[Tensor, Tensor, Tensor | None]"]
 #: (stream, carried or None, shift, scale, eps, layout, dtype, residual) → (stream, attention input): ``ForwardContext.attn_in``
 AttnInFn = Callable[[Tensor, "tuple[Tensor, Tensor | None, Tensor] | None", Tensor, Tensor, float, "TokenLayout",
                      torch.dtype, torch.dtype], "tuple[Tensor, Tensor]"]
@@ -232,8 +234,9 @@ class ForwardContext:
     #: (QKV output, the SelfAttention, rope, kv_dest) → (q, k, v), k and v None where stored (H2d,
     #: ``qk_norm_rope.fused_qk``); None: the module's own ops
     qk: QkFn | None = None
-    #: the FFN from the stream, its input (norm, modulation, rounding, FP8 quantisation) made by one
-    #: op: (ffn, x, shift, scale, eps, layout, dtype) → (output, bias still to add) (H2f,
+    #: the FFN from the stream, its input (the cross-attention's residual add, norm, modulation,
+    #: rounding, FP8 quantisation) made by one op: (ffn, x, cross-attention output, shift, scale,
+    #: eps, layout, dtype) → (the new stream, output, bias still to add) (H2f,
     #: ``ffn_norm.fused_ffn``); None: the module's own ops
     ffn_in: FfnInFn | None = None
     #: the self-attention's input with the carried FFN add (H2c) in front, made by one op: (x,
@@ -459,10 +462,11 @@ class Block(nn.Module):
         y = self.self_attn(h, ctx, kv_dest)
         x = lay.gated_add(x, y, gate_msa).to(ctx.residual)
         x = camera_update(x, *cam)
-        x = x + self.cross_attn(layer_norm32(x, self.eps, self.norm3).to(dt), ctx)
-        if ctx.ffn_in is not None:
-            y, bias = ctx.ffn_in(self.ffn, x, shift_ffn, scale_ffn, self.eps, lay, dt)
+        c = self.cross_attn(layer_norm32(x, self.eps, self.norm3).to(dt), ctx)
+        if ctx.ffn_in is not None:  # the cross-attention's add goes into the op (H2f)
+            x, y, bias = ctx.ffn_in(self.ffn, x, c, shift_ffn, scale_ffn, self.eps, lay, dt)
         else:
+            x = x + c
             y, bias = ffn_unbiased(self.ffn, lay.modulate(layer_norm32(x, self.eps), shift_ffn, scale_ffn).to(dt))
         if ctx.ffn_residual == "next":
             return x, y, bias, gate_ffn

@@ -1,5 +1,5 @@
 """The block's modulated LayerNorms in one Triton pass over the residual stream: the FFN's input
-(H2f) — LayerNorm (no affine), the per-frame modulation, the rounding to the runtime dtype and, for
+(H2f) — the cross-attention's residual add, LayerNorm (no affine), the per-frame modulation, the rounding to the runtime dtype and, for
 an FP8 FFN, the per-row e4m3 quantisation FFN-up's GEMM reads — and the self-attention's input
 with the previous block's carried FFN add in front of it (H2g).
 
@@ -11,9 +11,9 @@ H200 at 480×832 with the stack of gpu-batch23. Here one program holds one row i
 (of the stream, and for H2g of the FFN output), the two moments, the modulation, one write (for H2g,
 two: the new stream and the attention's input).
 
-Per element they do what the block's own ops do (``ffn_norm.norm_modulate_reference``,
-``attn_norm.add_norm_reference``): for H2g first ``x + (y + bias) · gate[f]`` (the bias add rounded
-to y's dtype, the sum in float32, rounded to the stream's dtype); then ``F.layer_norm`` in float32,
+Per element they do what the block's own ops do (``ffn_norm.add_norm_modulate_reference``,
+``attn_norm.add_norm_reference``): first for H2f ``x + c``, for H2g ``x + (y + bias) · gate[f]`` (the
+bias add rounded to y's dtype; either sum in float32, rounded to the stream's dtype); then ``F.layer_norm`` in float32,
 ``shift[f] + x̂ · (1 + scale[f])`` for the token's latent frame f, rounded to bf16 (or kept
 float32), and for H2f's FP8 form ``rowwise_quantize``: ``s = max(amax|h|, MIN_AMAX) / 448`` and
 ``q = e4m3(clamp(h / s))`` with an IEEE division, as the reference divides. What differs is below
@@ -47,13 +47,19 @@ def _modulated_norm(x, m, n_cols, eps, shift_ptr, scale_ptr, frame, mod_stride, 
 
 
 @triton.jit
-def _ffn_norm_kernel(x_ptr, shift_ptr, scale_ptr, out_ptr, s_ptr, n_cols, x_stride, mod_stride, out_stride,
-                     start, tpf, eps, BLOCK: tl.constexpr, ROUND: tl.constexpr, QUANT: tl.constexpr,
-                     FMAX: tl.constexpr, AMIN: tl.constexpr, EMULATE: tl.constexpr):
+def _ffn_norm_kernel(x_ptr, c_ptr, xo_ptr, shift_ptr, scale_ptr, out_ptr, s_ptr, n_cols, x_stride, c_stride,
+                     mod_stride, out_stride, start, tpf, eps, BLOCK: tl.constexpr, ADD: tl.constexpr,
+                     ROUND_X: tl.constexpr, ROUND: tl.constexpr, QUANT: tl.constexpr, FMAX: tl.constexpr,
+                     AMIN: tl.constexpr, EMULATE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < n_cols
     x = tl.load(x_ptr + row * x_stride + cols, mask=m, other=0.0).to(tl.float32)
+    if ADD:  # the cross-attention's residual add, in the stream's dtype (H2f)
+        x = x + tl.load(c_ptr + row * c_stride + cols, mask=m, other=0.0).to(tl.float32)
+        if ROUND_X:
+            x = to_bf16(x, EMULATE)
+        tl.store(xo_ptr + row * n_cols + cols, x.to(xo_ptr.dtype.element_ty), mask=m)
     frame = (start + row) // tpf  # the rank's slice may start mid-frame (SP)
     h = _modulated_norm(x, m, n_cols, eps, shift_ptr, scale_ptr, frame, mod_stride, cols)
     if ROUND:
@@ -96,7 +102,7 @@ def _add_norm_kernel(x_ptr, y_ptr, bias_ptr, gate_ptr, shift_ptr, scale_ptr, xo_
 
 #: on the GPU, the number of warps timed per row width and form at the first call (the interpreter has no timer)
 _WARPS = [triton.Config({}, num_warps=w) for w in (4, 8, 16)]
-_tuned_kernel = triton.autotune(configs=_WARPS, key=["n_cols", "QUANT"])(_ffn_norm_kernel)
+_tuned_kernel = triton.autotune(configs=_WARPS, key=["n_cols", "ADD", "QUANT"])(_ffn_norm_kernel)
 _tuned_add_kernel = triton.autotune(configs=_WARPS, key=["n_cols", "BIAS", "ROUND_X"])(_add_norm_kernel)
 
 
@@ -112,37 +118,62 @@ def _check(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, start: int
         raise ValueError(f"tokens {start}..{start + n} at {tpf} a frame do not fit {shift.shape[0]} frames")
 
 
-def _launch(x, shift, scale, eps, start, tpf, out, s) -> None:
+def _launch(x, c, shift, scale, eps, start, tpf, out, s) -> torch.Tensor | None:
+    """The kernel over the stream ``x`` (plus ``c`` first, unless None) into ``out`` (and the
+    per-row scales ``s``, unless None); returns the summed stream (None without ``c``)."""
     _check(x, shift, scale, start, tpf)
     x = x if x.stride(1) == 1 else x.contiguous()
+    xo = None
+    if c is not None:
+        if c.shape != x.shape or c.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"expected the {tuple(x.shape)} fp32 or bf16 cross-attention output, got "
+                             f"{tuple(c.shape)} {c.dtype}")
+        c = c if c.stride(1) == 1 else c.contiguous()
+        xo = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, c.dtype), device=x.device)
     n, dim = x.shape
     if not n:
-        return
+        return xo
     kernel = _tuned_kernel if x.is_cuda else _ffn_norm_kernel
     quant = s is not None
-    kernel[(n,)](x, shift, scale, out, s if quant else out, dim, x.stride(0), shift.stride(0), out.stride(0),
-                 start, tpf, eps, BLOCK=triton.next_power_of_2(dim), ROUND=quant or out.dtype == torch.bfloat16,
-                 QUANT=quant, FMAX=FP8_MAX, AMIN=MIN_AMAX, EMULATE=not x.is_cuda)
+    add = c is not None
+    kernel[(n,)](x, c if add else x, xo if add else out, shift, scale, out, s if quant else out, dim, x.stride(0),
+                 c.stride(0) if add else 0, shift.stride(0), out.stride(0), start, tpf, eps,
+                 BLOCK=triton.next_power_of_2(dim), ADD=add, ROUND_X=add and xo.dtype == torch.bfloat16,
+                 ROUND=quant or out.dtype == torch.bfloat16, QUANT=quant, FMAX=FP8_MAX, AMIN=MIN_AMAX,
+                 EMULATE=not x.is_cuda)
+    return xo
+
+
+def _check_dtype(dtype: torch.dtype) -> None:
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"expected a bf16 or fp32 output, got {dtype}")
 
 
 def norm_modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float, start: int, tpf: int,
                   dtype: torch.dtype) -> torch.Tensor:
-    """(n, dim) stream, rows ``start``.. of the chunk at ``tpf`` tokens a frame → the FFN's input in
-    ``dtype`` (bf16 or fp32)."""
-    if dtype not in (torch.float32, torch.bfloat16):
-        raise ValueError(f"expected a bf16 or fp32 output, got {dtype}")
+    """(n, dim) stream, rows ``start``.. of the chunk at ``tpf`` tokens a frame → its modulated norm
+    in ``dtype`` (bf16 or fp32): a first block's attention input (H2g)."""
+    _check_dtype(dtype)
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    _launch(x, shift, scale, eps, start, tpf, out, None)
+    _launch(x, None, shift, scale, eps, start, tpf, out, None)
     return out
 
 
-def norm_modulate_quantize(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float, start: int,
-                           tpf: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``norm_modulate`` in bf16, as e4m3 (n, dim) codes and the per-row fp32 scale (n, 1)."""
+def ffn_input(x: torch.Tensor, c: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float, start: int,
+              tpf: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, dim) stream and the cross-attention's output ``c`` → the new stream ``x + c`` (a new
+    tensor, in the dtype the pair promotes to) and its modulated norm, the FFN's input, in ``dtype``."""
+    _check_dtype(dtype)
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    return _launch(x, c, shift, scale, eps, start, tpf, out, None), out
+
+
+def ffn_input_quantize(x: torch.Tensor, c: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float,
+                       start: int, tpf: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``ffn_input`` with the FFN's input in bf16 as e4m3 (n, dim) codes and the per-row fp32 scale (n, 1)."""
     q = torch.empty(x.shape, dtype=FP8, device=x.device)
     s = torch.empty((x.shape[0], 1), dtype=torch.float32, device=x.device)
-    _launch(x, shift, scale, eps, start, tpf, q, s)
-    return q, s
+    return _launch(x, c, shift, scale, eps, start, tpf, q, s), q, s
 
 
 def _check_add(x, y, bias, gate, shift, residual, dtype) -> None:
@@ -189,7 +220,9 @@ def tune(rows: int, dim: int, frames: int, device: torch.device) -> str:
     mod = torch.zeros((frames, dim), dtype=torch.float32, device=device)
     tpf = -(-rows // frames)
     norm_modulate(x, mod, mod, 1e-6, 0, tpf, torch.bfloat16)
-    norm_modulate_quantize(x, mod, mod, 1e-6, 0, tpf)
+    for residual in (torch.float32, torch.bfloat16):  # the FFN's input after the add, either stream
+        ffn_input(x.to(residual), x.bfloat16(), mod, mod, 1e-6, 0, tpf, torch.bfloat16)
+        ffn_input_quantize(x.to(residual), x.bfloat16(), mod, mod, 1e-6, 0, tpf)
     y, bias = x.bfloat16(), torch.zeros(dim, dtype=torch.bfloat16, device=device)
     for residual in (torch.float32, torch.bfloat16):  # with the bias (H6e's FFN) and without, either stream
         for b in (bias, None):

@@ -1,7 +1,7 @@
-"""H2f on CPU: the block's FFN input (norm, modulation, rounding, FP8 quantisation) as one op
-(``runtime.ffn_norm``).
+"""H2f on CPU: the block's FFN input (the cross-attention's residual add, norm, modulation,
+rounding, FP8 quantisation) as one op (``runtime.ffn_norm``).
 
-The Triton kernel, in the interpreter (on a GPU, on CUDA): the rounded input within one bf16 step
+The Triton kernel, in the interpreter (on a GPU, on CUDA): the summed stream exact, the rounded input within one bf16 step
 of the module's own ops in a counted few elements (fp32 within a few float32 steps), every e4m3
 code within one step of the reference's and the scales within one bf16 step, rows starting
 mid-frame, a strided stream and modulation, and malformed inputs refused. The op in the engine
@@ -20,7 +20,7 @@ import torch
 from harness import candidates as C
 from harness.config import load_preset, override
 from harness.engine.dit_engine import DitEngine
-from harness.engine.ffn_norm import norm_modulate_reference
+from harness.engine.ffn_norm import add_norm_modulate_reference, norm_modulate_reference
 from harness.engine.fp8_linear import rowwise_quantize
 from harness.engine.groups import RankGroup
 from tests.candidates.test_h6e_fp8_ffn_fused import cpu_fp8
@@ -71,15 +71,29 @@ def check(device: str, bound: float) -> None:
                 d = steps_apart(got, want)
                 if out == torch.bfloat16:
                     off, total = off + d, total + got.numel()
-            q0, s0 = rowwise_quantize(norm_modulate_reference(x, shift, scale, 1e-6, start, tpf, torch.bfloat16))
-            q, s = fused.norm_modulate_quantize(x, shift, scale, 1e-6, start, tpf)
-            off, total = off + _codes_apart(q, s, q0, s0), total + q.numel()
+            for c_dtype in (torch.bfloat16, torch.float32):  # the cross-attention's output, in the runtime dtype
+                c = (2 * torch.randn(n, dim, generator=g)).to(c_dtype).to(device)
+                want_x, want = add_norm_modulate_reference(x, c, shift, scale, 1e-6, start, tpf, torch.bfloat16)
+                got_x, got = fused.ffn_input(x, c, shift, scale, 1e-6, start, tpf, torch.bfloat16)
+                assert got_x.dtype == want_x.dtype and torch.equal(got_x, want_x)  # the add is exact
+                off, total = off + steps_apart(got, want), total + got.numel()
+                q0, s0 = rowwise_quantize(want)
+                got_x, q, s = fused.ffn_input_quantize(x, c, shift, scale, 1e-6, start, tpf)
+                assert torch.equal(got_x, want_x)
+                off, total = off + _codes_apart(q, s, q0, s0), total + q.numel()
     assert off <= bound * total, f"{off} of {total} elements differ"
     # a strided stream (unit column stride) is read in place; malformed inputs are refused
     x, shift, scale = _inputs(6, 64, 2, torch.float32, g, device)
     wide = torch.cat([x, x], dim=1)[:, :64]
     assert torch.equal(fused.norm_modulate(wide, shift, scale, 1e-6, 0, 3, torch.bfloat16),
                        fused.norm_modulate(x, shift, scale, 1e-6, 0, 3, torch.bfloat16))
+    c = x.bfloat16()
+    assert torch.equal(fused.ffn_input(wide, c, shift, scale, 1e-6, 0, 3, torch.bfloat16)[1],
+                       fused.ffn_input(x, torch.cat([c, c], dim=1)[:, :64], shift, scale, 1e-6, 0, 3, torch.bfloat16)[1])
+    for args, why in (((x, c[:, :32], shift, scale, 1e-6, 0, 3, torch.bfloat16), "cross-attention output"),
+                      ((x, c.half(), shift, scale, 1e-6, 0, 3, torch.bfloat16), "cross-attention output")):
+        with pytest.raises(ValueError, match=re.escape(why)):
+            fused.ffn_input(*args)
     for args, why in (((x.half(), shift, scale, 1e-6, 0, 3, torch.bfloat16), "fp32 or bf16 residual"),
                       ((x, shift[:, :32], scale, 1e-6, 0, 3, torch.bfloat16), "shift and scale"),
                       ((x, shift.double(), scale.double(), 1e-6, 0, 3, torch.bfloat16), "shift and scale"),
