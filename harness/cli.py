@@ -69,6 +69,9 @@ def _ab_arms(p: argparse.ArgumentParser) -> None:
     p.add_argument("--launches", type=int, default=1, help="fresh processes, each running every round; ≥ 2 gives "
                    "each arm a verdict over launches (default 1: a screen, no verdict)")
     p.add_argument("--kernels", action="store_true", help="per-kernel breakdown of one extra, untimed steady chunk per arm (GPU)")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="bf16 dense peak for the share-of-peak rows (default: measured in this run, so two runs' shares "
+                        "differ by their peaks' spread; pass one figure to compare runs on one card)")
     p.add_argument("--versus", action="append", default=[], metavar="ARM/ARM",
                    help="also time the first arm against the second, paired by round, e.g. fused/best (repeatable)")
 

@@ -197,11 +197,13 @@ def _judge_arm(plan: ArmPlan, runs: list[dict], name: str, steady: int, shape) -
     return judge_gated(kind, lat_a, lat_b, shape, [{"A": r["times"]["A"], "B": r["times"][name]} for r in runs], steady)
 
 
-def add_rates(out: dict, cfg: HarnessConfig, device: torch.device) -> None:
+def add_rates(out: dict, cfg: HarnessConfig, device: torch.device, peak: float | None = None) -> None:
     """bf16-equivalent TFLOP/s and MFU of each arm's steady P50 (gate passed or not) (the baseline's FLOP count: an
-    FP8 arm does the same arithmetic in cheaper units, so its rate may pass the bf16 peak)."""
+    FP8 arm does the same arithmetic in cheaper units, so its rate may pass the bf16 peak), against ``peak``
+    TFLOP/s, or the bf16 GEMM peak measured now on a GPU (``peak_source`` says which)."""
     flops = count_steady_flops(cfg)["dit_flops"]
-    peak = measure_peak_tflops(device, torch.bfloat16) if device.type == "cuda" else None
+    out["peak_source"] = "given" if peak else "measured" if device.type == "cuda" else None
+    peak = peak or (measure_peak_tflops(device, torch.bfloat16) if device.type == "cuda" else None)
     out["dit_flops"], out["peak_bf16_tflops"] = flops, peak
     st = out["steady_from_chunk"]
     rows = {n: S.nearest_rank([x for s in t for x in s[st:]], 50) for n, t in out["chunk_ms"].items()}
@@ -226,8 +228,9 @@ def _print(out: dict) -> None:
         r = v.get("ratio") or v.get("within_launch")
         cols = f"{ratio_columns(v, r)}" + ("" if v.get("ratio") else " within one launch") + "; " if r else ""
         print(f"  {pair}: {cols}{v['verdict']}" + ("" if r else f" — {v['reason']}"))
+    peak = f" ({out['peak_bf16_tflops']:.1f} TFLOP/s, {out['peak_source']})" if out.get("peak_bf16_tflops") else ""
     for name, r in out.get("rates", {}).items():
-        mfu = f", {r['mfu_bf16']:.1%} of bf16 peak" if r["mfu_bf16"] else ""
+        mfu = f", {r['mfu_bf16']:.1%} of bf16 peak{peak}" if r["mfu_bf16"] else ""
         print(f"  {name}: steady {r['steady_ms']:.1f} ms, {r['tflops_bf16_equiv']:.1f} bf16-equivalent TFLOP/s{mfu}")
     if out.get("kernels"):
         for name, b in out["kernels"].items():
@@ -242,6 +245,8 @@ def main(args) -> int:
         raise HarnessError("--rounds and --chunks must be ≥ 1")
     if args.launches < 1:
         raise HarnessError("--launches must be ≥ 1")
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        raise HarnessError(f"--peak-tflops must be positive, got {args.peak_tflops}")
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise HarnessError(f"--json {args.json}: its folder does not exist")
     base = base_config(args)
@@ -256,7 +261,7 @@ def main(args) -> int:
               versus)
     if args.json:  # the judged arms are on disk before the rates' FLOP count and peak can fail
         write_result(args.json, {**out, "complete": False})
-    add_rates(out, cfg, torch.device("cuda:0" if cfg.runtime.device == "cuda" else "cpu"))
+    add_rates(out, cfg, torch.device("cuda:0" if cfg.runtime.device == "cuda" else "cpu"), args.peak_tflops)
     _print(out)
     if args.json:
         write_result(args.json, {**out, "complete": True})

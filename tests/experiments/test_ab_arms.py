@@ -9,8 +9,10 @@ import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from harness.cli import main
+from harness.config import load_preset
 from harness.errors import HarnessError
 from harness.experiments import ab_arms
 from harness.experiments.ab_engine import ArmPlan, EngineArm
@@ -44,6 +46,7 @@ def test_round_order_rotates_every_arm_through_every_slot():
     (["--arm", "c=H2a", "--set", "parallel.sp=2"], "use ab-engine --sp N"),
     (["--arm", "c=H2a", "--json", "no-such-folder/x.json"], "its folder does not exist"),
     (["--arm", "c=H2a", "--launches", "0"], "--launches must be ≥ 1"),
+    (["--arm", "c=H2a", "--peak-tflops", "0"], "--peak-tflops must be positive"),
     (["--arm", "c=H2a", "--set", "runtime.attention=fa3"], "runtime.attention=fa3: FlashAttention-3"),
     (["--arm", "c=H2a", "--versus", "c/best"], "no arm named 'best'"),
     (["--arm", "c=H2a", "--versus", "c/c"], "two different arm names"),
@@ -142,3 +145,15 @@ def test_a_launch_that_fails_leaves_the_launches_before_it_on_disk_judged(tmp_pa
     assert arm["launches"] == 2 and arm["ratio"] is not None and arm["ratio"]["value"] < 1
     assert res["versus"]["cam/A"]["launches"] == 2
     assert not (tmp_path / "arms.json.tmp").exists()
+
+
+def test_a_given_peak_is_the_share_of_peaks_denominator_and_is_named(capsys):
+    """Two runs on one card compare shares only against one peak: a given one is used and said to be given."""
+    out = {"steady_from_chunk": 1, "chunk_ms": {"A": [[30.0, 20.0, 20.0]]}}
+    ab_arms.add_rates(out, load_preset("tiny"), torch.device("cpu"), 500.0)
+    assert out["peak_source"] == "given" and out["peak_bf16_tflops"] == 500.0
+    r = out["rates"]["A"]
+    assert r["steady_ms"] == 20.0 and r["mfu_bf16"] == pytest.approx(r["tflops_bf16_equiv"] / 500.0)
+    none = {"steady_from_chunk": 1, "chunk_ms": {"A": [[30.0, 20.0, 20.0]]}}
+    ab_arms.add_rates(none, load_preset("tiny"), torch.device("cpu"))
+    assert none["peak_source"] is None and none["rates"]["A"]["mfu_bf16"] is None  # no peak measured off the GPU
