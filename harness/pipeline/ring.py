@@ -229,13 +229,17 @@ class FrameRing:
         slot_bytes = -(-slot_bytes // _ALIGN) * _ALIGN
         base = f"{name_prefix}-{os.getpid()}-{secrets.token_hex(4)}"
         spec = RingSpec(name_prefix, f"{base}-data", f"{base}-ctl", slots, slot_bytes)
-        ring = cls(spec, owner=True)
         names = (spec.data_name, spec.ctl_name)
-        for n in names:
-            _track(n, True)
-        # Runs once: on unlink(), when the ring is garbage, or at interpreter exit (finalize's
-        # own atexit hook). It holds only names, so it cannot keep the ring alive.
-        ring._finalizer = weakref.finalize(ring, _destroy, names, os.getpid())
+        try:
+            ring = cls(spec, owner=True)
+            for n in names:
+                _track(n, True)
+            # Runs once: on unlink(), when the ring is garbage, or at interpreter exit (finalize's
+            # own atexit hook). It holds only names, so it cannot keep the ring alive.
+            ring._finalizer = weakref.finalize(ring, _destroy, names, os.getpid())
+        except BaseException:  # a signal's exception between the segments' creation and their finalizer
+            _destroy(names, os.getpid())
+            raise
         h = ring._h
         h[H_SLOTS], h[H_SLOT_BYTES], h[H_OWNER_PID] = slots, slot_bytes, os.getpid()
         ring._fifo[:] = np.arange(slots)

@@ -196,3 +196,20 @@ def test_spec_roundtrip_and_ring_not_picklable(request):
         with pytest.raises(Exception):
             ring.buffer(ring.acquire(), (2, 4096))  # larger than a slot
     assert leftover_segments(prefix) == []
+
+
+@pytest.mark.parametrize("where", ["tracking", "finalizer", "header"])
+def test_a_signal_during_creation_leaves_no_segments(where, request, monkeypatch):
+    """serve's SIGTERM handler raises wherever the main thread is: one that lands while the ring is
+    being made (its segments exist, their finalizer not yet) must not leave them behind."""
+    from harness.pipeline import ring as R
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt("stopped by SIGTERM")
+
+    target = {"tracking": (R, "_track"), "finalizer": (R.weakref, "finalize"), "header": (R.np, "arange")}[where]
+    monkeypatch.setattr(*target, interrupted)
+    prefix = _prefix(request)
+    with pytest.raises(KeyboardInterrupt):
+        FrameRing.create(prefix, 2, 100)
+    assert leftover_segments(prefix) == []
