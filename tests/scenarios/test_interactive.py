@@ -61,3 +61,24 @@ def test_every_arm_gets_the_command_lines_candidates_and_settings(tmp_path):
         assert pair in pairs, (pair, argv)
     assert "--scheduler" not in argv  # each arm adds its own
     assert params_from(args, tmp_path).arms == ("h5a", "case-d")
+
+
+def test_an_arm_whose_server_does_not_start_is_a_failed_check_not_a_traceback(tmp_path, monkeypatch):
+    from harness.experiments.scenario import interactive
+    from harness.experiments.scenario.findings import Report
+    from harness.experiments.scenario.params import Params
+    from harness.experiments.scenario.server_process import ServerDidNotStart, error_line
+
+    stderr = ("note: dit has not answered for 10.0 s\nTraceback (most recent call last):\n  ...\n"
+              "error: dit rank 0 failed: OutOfMemoryError: CUDA out of memory.\n")
+    assert error_line(stderr) == "error: dit rank 0 failed: OutOfMemoryError: CUDA out of memory."
+    assert error_line("Traceback\nValueError: x\n") == "Traceback\nValueError: x"  # no error line: the tail
+
+    def no_server(*a, **k):
+        raise ServerDidNotStart(f"server did not start: {error_line(stderr)}")
+
+    monkeypatch.setattr(interactive, "ServerProcess", no_server)
+    report = Report("interactive", "websocket")
+    assert interactive._one_arm(report, "Case D", ["--preset", "tiny"], Params(), tmp_path / "case-d") is None
+    assert report.checks == [("Case D: the server starts", False,
+                              "server did not start: error: dit rank 0 failed: OutOfMemoryError: CUDA out of memory.")]

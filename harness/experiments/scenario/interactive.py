@@ -19,7 +19,8 @@ from pathlib import Path
 
 from harness.experiments.scenario.params import Params
 from harness.experiments.scenario.findings import Report
-from harness.experiments.scenario.server_process import ServerProcess, check_stopped_cleanly, preset_of
+from harness.experiments.scenario.server_process import (ServerDidNotStart, ServerProcess, check_stopped_cleanly,
+                                                         preset_of)
 from harness.experiments.scenario.topology import prompt_for
 from harness.measure.figures import console_table
 from harness.measure.interaction import (LATENCY_COLUMNS, PARTS_COLUMNS, A2PSummary, invariants, latency_cells,
@@ -34,7 +35,11 @@ ARMS = {"case-d": ("Case D", ["--scheduler", "case-d"]), "case-e": ("Case E", ["
 
 
 def _one_arm(report: Report, label: str, serve_args: list[str], p: Params, out: Path) -> SessionReport | None:
-    server = ServerProcess(serve_args, out)
+    try:
+        server = ServerProcess(serve_args, out)
+    except ServerDidNotStart as e:  # e.g. out of GPU memory in its warm-up: the next arm still runs
+        report.check(f"{label}: the server starts", False, str(e))
+        return None
     try:
         rep = asyncio.run(run_session(server.url, preset=preset_of(serve_args), seed=p.seed, chunks=p.chunks,
                                       prompt=prompt_for(p.seed), opts=ViewerOptions(player=tuple(parse_trace(p.player)))))

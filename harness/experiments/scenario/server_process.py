@@ -27,6 +27,17 @@ def _stop_with_parent() -> None:
         pass
 
 
+class ServerDidNotStart(RuntimeError):
+    """The server exited, or never printed its ``listening on`` line in time."""
+
+
+def error_line(stderr: str) -> str:
+    """What a failed server said: its last ``error:`` line (the CLI's one-line refusal or a rank's
+    failure), else the tail of its stderr."""
+    errors = [line.strip() for line in stderr.splitlines() if line.startswith("error:")]
+    return errors[-1] if errors else stderr.strip()[-500:]
+
+
 class ServerProcess:
     """``python -m harness serve --listen 127.0.0.1:0`` as a subprocess, for the scenarios and tests."""
 
@@ -48,7 +59,7 @@ class ServerProcess:
         if self.url is None:
             self.proc.kill()
             self.proc.wait()
-            raise RuntimeError(f"server did not start: {self.stderr()[-500:]}")
+            raise ServerDidNotStart(f"server did not start: {error_line(self.stderr())}")
         self._drain = threading.Thread(target=self._read_rest, daemon=True)
         self._drain.start()
 
