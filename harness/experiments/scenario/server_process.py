@@ -15,6 +15,7 @@ from pathlib import Path
 
 from harness.config import REPO_ROOT, load_config
 from harness.drivers.procwatch import shm_names, start_time, wait_gone, workers_of
+from harness.errors import RunFailed
 from harness.experiments.scenario.findings import Report
 
 
@@ -27,8 +28,9 @@ def _stop_with_parent() -> None:
         pass
 
 
-class ServerDidNotStart(RuntimeError):
-    """The server exited, or never printed its ``listening on`` line in time."""
+class ServerDidNotStart(RunFailed, RuntimeError):
+    """The server exited, or never printed its ``listening on`` line in time (a failed run: one
+    ``error:`` line and exit 1 where nothing catches it)."""
 
 
 def error_line(stderr: str) -> str:
