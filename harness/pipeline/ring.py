@@ -189,12 +189,23 @@ def _unlink_names(names: tuple[str, ...]) -> None:
             pass
 
 
-def _destroy(names: tuple[str, ...], creator: int) -> None:
+class _Made(msgspec.Struct):
+    """A ring's segments as far as ``create`` got: their names, and those the resource tracker
+    was told of (only those may be untold: the tracker fails on a name it does not know)."""
+
+    names: tuple[str, ...]
+    tracked: list[str] = []
+    destroyed: bool = False
+
+
+def _destroy(made: _Made, creator: int) -> None:
     # A forked child inherits the owner object (and this finalizer): only the creator unlinks.
-    if os.getpid() != creator:
+    # Once only: ``create``'s own clean-up and the finalizer may both reach here.
+    if os.getpid() != creator or made.destroyed:
         return
-    _unlink_names(names)
-    for n in names:
+    made.destroyed = True
+    _unlink_names(made.names)
+    for n in made.tracked:
         _track(n, False)
 
 
@@ -229,16 +240,17 @@ class FrameRing:
         slot_bytes = -(-slot_bytes // _ALIGN) * _ALIGN
         base = f"{name_prefix}-{os.getpid()}-{secrets.token_hex(4)}"
         spec = RingSpec(name_prefix, f"{base}-data", f"{base}-ctl", slots, slot_bytes)
-        names = (spec.data_name, spec.ctl_name)
+        made = _Made((spec.data_name, spec.ctl_name))
         try:
             ring = cls(spec, owner=True)
-            for n in names:
+            for n in made.names:
                 _track(n, True)
+                made.tracked.append(n)
             # Runs once: on unlink(), when the ring is garbage, or at interpreter exit (finalize's
             # own atexit hook). It holds only names, so it cannot keep the ring alive.
-            ring._finalizer = weakref.finalize(ring, _destroy, names, os.getpid())
+            ring._finalizer = weakref.finalize(ring, _destroy, made, os.getpid())
         except BaseException:  # a signal's exception between the segments' creation and their finalizer
-            _destroy(names, os.getpid())
+            _destroy(made, os.getpid())
             raise
         h = ring._h
         h[H_SLOTS], h[H_SLOT_BYTES], h[H_OWNER_PID] = slots, slot_bytes, os.getpid()

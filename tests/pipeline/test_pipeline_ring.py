@@ -198,18 +198,34 @@ def test_spec_roundtrip_and_ring_not_picklable(request):
     assert leftover_segments(prefix) == []
 
 
-@pytest.mark.parametrize("where", ["tracking", "finalizer", "header"])
+@pytest.mark.parametrize("where", ["segments", "tracking", "finalizer", "header"])
 def test_a_signal_during_creation_leaves_no_segments(where, request, monkeypatch):
     """serve's SIGTERM handler raises wherever the main thread is: one that lands while the ring is
-    being made (its segments exist, their finalizer not yet) must not leave them behind."""
+    being made (its segments exist, their finalizer not yet) must not leave them behind, nor tell
+    the resource tracker to forget a name it was never told (its process prints a KeyError)."""
     from harness.pipeline import ring as R
+
+    told: list[tuple[str, bool]] = []
+    real_track = R._track
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt("stopped by SIGTERM")
 
-    target = {"tracking": (R, "_track"), "finalizer": (R.weakref, "finalize"), "header": (R.np, "arange")}[where]
-    monkeypatch.setattr(*target, interrupted)
+    def track(name: str, register: bool) -> None:
+        if where == "tracking" and register and told:  # the second name's registration
+            interrupted()
+        told.append((name, register))
+        real_track(name, register)
+
+    monkeypatch.setattr(R, "_track", track)
+    if where != "tracking":
+        target = {"segments": (R.np, "frombuffer"), "finalizer": (R.weakref, "finalize"), "header": (R.np, "arange")}
+        monkeypatch.setattr(*target[where], interrupted)
     prefix = _prefix(request)
     with pytest.raises(KeyboardInterrupt):
         FrameRing.create(prefix, 2, 100)
     assert leftover_segments(prefix) == []
+    registered = [n for n, r in told if r]
+    untold = [n for n, r in told if not r]
+    assert sorted(untold) == sorted(registered)  # each name told is untold once, and no other
+    assert len(registered) == {"segments": 0, "tracking": 1, "finalizer": 2, "header": 2}[where]
