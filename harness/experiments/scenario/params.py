@@ -30,7 +30,7 @@ class Params:
     #: process (same parsing, same error path, no interpreter start-up)
     subprocess_every: int = 1
     player: str = "random:0"  # interactive: the player's trace (client --player)
-    arms: tuple[str, ...] = ("case-d", "case-e", "h5a")  # interactive: the arms, in order
+    arms: tuple[str, ...] = ARM_NAMES  # interactive: the arms, in order
 
 
 def params_from(args: argparse.Namespace, workdir: Path) -> Params:

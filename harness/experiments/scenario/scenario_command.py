@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness.candidates import split_id
 from harness.drivers.config_options import resolve_config
 from harness.errors import HarnessError
 from harness.experiments.scenario.bad_input import bad_input_inprocess
@@ -54,7 +55,7 @@ def _check_interactive(args: argparse.Namespace) -> None:
     if args.scheduler:
         raise HarnessError("interactive sets the scheduler of each arm (Case D, Case E, H5a); drop --scheduler "
                            "and pick arms with --arms")
-    if any(c.partition(":")[0] == "H5a" for c in args.candidate):
+    if any(split_id(c)[0] == "H5a" for c in args.candidate):
         raise HarnessError("interactive runs H5a as an arm (--arms h5a); drop --candidate H5a")
     parse_trace(args.player)
 
