@@ -302,6 +302,20 @@ def cross_attention(q: Tensor, k: Tensor, v: Tensor, *, attend: DenseFn) -> Tens
     return _shd(attend(_bhsd(q), k, v))
 
 
+def _fp8_kernel(mode: str) -> DenseFn:
+    """The Triton kernel of ``mode`` as a dense backend (``engine/fused_fp8_attention``, imported
+    at the first call: only a GPU run has Triton): (1, H, S, D) views → (1, H, Sq, D), written into
+    ``out`` (a (1, H, Sq, D) view) when given."""
+    qk_block, pv = fp8_fine.MODES[mode]
+
+    def attend(q: Tensor, k: Tensor, v: Tensor, *, out: Tensor | None = None) -> Tensor:
+        from harness.engine.fused_fp8_attention import attention as fused  # Triton: imported only on a GPU
+
+        return fused(q[0], k[0], v[0], qk_block=qk_block, pv=pv, out=None if out is None else out[0])[None]
+
+    return attend
+
+
 def _register_fa3() -> None:
     for name, fn in fa3.DENSE.items():
         register_dense(name, fn, writes_into=name in fa3.WRITES_INTO)
@@ -312,6 +326,7 @@ def _register_fa3() -> None:
     # H6f's finer FP8 (P·V only, per-block Q/K scales), emulated on any device
     for mode in fp8_fine.MODES:
         DENSE[fp8_fine.backend_name(mode)] = fp8_fine.dense(mode)
+        register_dense(fp8_fine.kernel_name(mode), _fp8_kernel(mode), writes_into=True)  # its Triton kernel: CUDA only
 
 
 _register_fa3()
@@ -325,6 +340,29 @@ def check_backend(name: str, device: str) -> None:
     Hopper GPU — cannot run on ``device``: for commands to call before any engine is built (the
     kernels themselves only refuse at their first call, inside a rank)."""
     dense(name)
-    why = fa3.unavailable_reason(device) if name in fa3.DENSE else None
+    why = fa3.unavailable_reason(device) if name in fa3.DENSE else kernel_unavailable(name, device)
     if why is not None:
         raise HarnessError(f"runtime.attention={name}: {why}")
+
+
+#: dense backends that are Triton kernels of the project's own (H6f's FP8 attention)
+TRITON_DENSE = frozenset(fp8_fine.kernel_name(m) for m in fp8_fine.MODES)
+
+
+def gpu_only(name: str) -> bool:
+    """A dense backend only a GPU runs (FA3's, the project's Triton kernels): the meta-device FLOP
+    count goes through SDPA's path instead."""
+    return name in fa3.DENSE or name in TRITON_DENSE
+
+
+def kernel_unavailable(name: str, device: str) -> str | None:
+    """Why one of ``TRITON_DENSE`` cannot run on ``device`` (None: it can, or it is not one)."""
+    if name not in TRITON_DENSE:
+        return None
+    if torch.device(device).type != "cuda":
+        return f"the Triton kernel {name} runs on CUDA only, not on {torch.device(device).type}"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return f"the Triton kernel {name} needs the triton package"
+    return None

@@ -17,10 +17,11 @@ a chunk's five forwards. Two ways to spend FP8's error budget better, each on it
   P·V in the inputs' precision.
 * ``qk-block+pv``: both.
 
-What a kernel would do with these numbers (a Triton or CUTLASS FP8 attention with block scales,
-SageAttention's design) is not built here: this module answers the gate's question — does the
-rounding pass — at any size, slowly (the scores of ``Q_CHUNK`` queries at a time are materialised in
-fp32). The dense backends it registers are named ``fp8-<mode>-emulated``.
+This module answers the gate's question — does the rounding pass — at any size on any device,
+slowly (the scores of ``Q_CHUNK`` queries at a time are materialised in fp32): the dense backends
+``fp8-<mode>-emulated``. The kernel that answers what a placement buys is
+``engine/fused_fp8_attention`` (Triton, FlashAttention's single pass with these scales), the dense
+backends ``fp8-<mode>``, on CUDA only.
 """
 
 from __future__ import annotations
@@ -38,10 +39,14 @@ Q_CHUNK = 1024
 MODES = {"pv": (False, True), "qk-block": (True, False), "qk-block+pv": (True, True)}
 
 
+def e4m3_codes(x: Tensor, scale: Tensor | float) -> Tensor:
+    """x / scale rounded to e4m3 (saturating at ±448): an FP8 operand's codes."""
+    return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
 def to_e4m3(x: Tensor, scale: Tensor | float) -> Tensor:
-    """x / scale rounded to e4m3 (saturating at ±448), back in fp32 and still divided by the scale:
-    the values an FP8 operand holds."""
-    return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).float()
+    """``e4m3_codes`` back in fp32 and still divided by the scale: the values an FP8 operand holds."""
+    return e4m3_codes(x, scale).float()
 
 
 def amax_scale(x: Tensor, dim: int | tuple[int, ...]) -> Tensor:
@@ -49,13 +54,23 @@ def amax_scale(x: Tensor, dim: int | tuple[int, ...]) -> Tensor:
     return x.abs().amax(dim=dim, keepdim=True).clamp_min(MIN_AMAX) / FP8_MAX
 
 
-def key_block_scales(k: Tensor, block: int = K_BLOCK) -> Tensor:
-    """(H, Sk, D) fp32 → per-(head, key) scale (H, Sk, 1): each block of ``block`` keys shares its amax's."""
+def block_amax_scales(k: Tensor, block: int = K_BLOCK) -> Tensor:
+    """(H, Sk, D) fp32 → one scale per (head, block of ``block`` keys) (H, ⌈Sk / block⌉), the last
+    block partial."""
     h, sk, d = k.shape
     pad = -sk % block
     padded = torch.nn.functional.pad(k, (0, 0, 0, pad)) if pad else k
-    s = amax_scale(padded.view(h, -1, block, d), dim=(2, 3))  # (H, blocks, 1, 1)
-    return s.expand(h, s.shape[1], block, 1).reshape(h, -1, 1)[:, :sk]
+    return amax_scale(padded.view(h, -1, block, d), dim=(2, 3))[:, :, 0, 0]
+
+
+def key_block_scales(k: Tensor, block: int = K_BLOCK) -> Tensor:
+    """(H, Sk, D) fp32 → per-(head, key) scale (H, Sk, 1): each block of ``block`` keys shares its amax's."""
+    return per_key(block_amax_scales(k, block), k.shape[1], block)
+
+
+def per_key(scales: Tensor, sk: int, block: int = K_BLOCK) -> Tensor:
+    """(H, blocks) block scales → each key's (H, Sk, 1)."""
+    return scales.repeat_interleave(block, dim=1)[:, :sk, None]
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, qk_block: bool, pv: bool) -> Tensor:
@@ -93,3 +108,7 @@ def dense(mode: str):
 
 def backend_name(mode: str) -> str:
     return f"fp8-{mode}-emulated"
+
+
+def kernel_name(mode: str) -> str:
+    return f"fp8-{mode}"

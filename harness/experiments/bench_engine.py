@@ -23,8 +23,7 @@ from harness import candidates as C
 from harness.config import HarnessConfig, override
 from harness.drivers.config_options import base_config
 from harness.drivers.procwatch import rss_bytes
-from harness.engine import fa3
-from harness.engine.attention import check_backend
+from harness.engine.attention import check_backend, gpu_only
 from harness.engine.conditions import SessionConditions
 from harness.engine.dit_engine import DitEngine
 from harness.engine.groups import RankGroup, run_ranks
@@ -62,8 +61,8 @@ def warmup_chunks(chunks: int) -> int:
 # ---- FLOPs on the meta device ------------------------------------------------------------
 def meta_attention(name: str) -> str:
     """The attention backend the meta-device FLOP count runs: the configured one, unless only a
-    GPU can run it (FA3's kernels refuse the meta device)."""
-    return "sdpa" if name in fa3.DENSE else name
+    GPU can run it (FA3's kernels and the project's Triton kernels refuse the meta device)."""
+    return "sdpa" if gpu_only(name) else name
 
 
 def count_steady_flops(cfg: HarnessConfig) -> dict[str, int]:

@@ -59,16 +59,20 @@ class Backend:
     description: str = ""
     #: the H1b argument that puts the same kernel into the whole model, if there is one
     h1b: str | None = None
+    #: its error is judged by a candidate's gate on the whole model (FP8 attention), not by the op
+    #: check: failing the op check it is still timed (and never the winner)
+    model_gated: bool = False
 
 
 BACKENDS: dict[str, dict[str, Backend]] = {k: {} for k in KINDS}
 
 
 def register_backend(kind: str, name: str, make: Callable[[Case, dict, Any], Prepared], *, needs: tuple[str, ...] = (),
-                     default: bool | str = True, description: str = "", h1b: str | None = None) -> None:
+                     default: bool | str = True, description: str = "", h1b: str | None = None,
+                     model_gated: bool = False) -> None:
     if kind not in BACKENDS:
         raise ValueError(f"unknown op kind {kind!r} (known: {', '.join(KINDS)})")
-    BACKENDS[kind][name] = Backend(name, kind, make, tuple(needs), default, description, h1b)
+    BACKENDS[kind][name] = Backend(name, kind, make, tuple(needs), default, description, h1b, model_gated)
 
 
 def unregister_backend(kind: str, name: str) -> None:

@@ -12,6 +12,12 @@ P rounded after the row max is subtracted, the row sum kept in fp32, as FA3 does
 same FP64 reference they answer "what if Q/K stayed bf16" or "what does P's rounding alone cost"
 — choices the FA3 kernel (one dtype for Q, K and V) cannot run.
 
+H6f's FP8 attention (any device for the emulation, CUDA for the kernel): ``fp8-<mode>`` is its
+Triton kernel (``engine/fused_fp8_attention``) and ``fp8-<mode>-emulated`` the same rounding
+through PyTorch ops (``engine/fp8_fine``), both the engine's own dense backends: against the FP64
+reference the pair tells the kernel's error from the placement's, and the kernel's time beside
+``fa3``'s is what the placement buys.
+
 ``register`` adds these rows to the registry of ``op_backends`` (which does not import this module);
 ``runner.load_backends`` calls it.
 """
@@ -20,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.engine import fa3
+from harness.engine import attention, fa3, fp8_fine
 from harness.engine.fa3 import FP8, quantize_heads
 from harness.experiments.replay.op_backends import Prepared, Unsupported, attn_views, is_half, register_backend
 
@@ -73,14 +79,36 @@ def _emulation(parts: str, smoothed: bool):
     return make
 
 
+def _engine_dense(name: str, bf16_only: bool):
+    def make(case, t: dict, device) -> Prepared:
+        why = attention.kernel_unavailable(name, str(device))
+        if why is not None:
+            raise Unsupported(why)
+        if bf16_only and case.dtype != "bfloat16":
+            raise Unsupported(f"the kernel attends bf16 inputs, input is {case.dtype}")
+        a = attn_views(case, t)
+        fn = attention.dense(name)
+        return Prepared(lambda: fn(a["q"], a["k"], a["v"]))
+
+    return make
+
+
 def register() -> None:
     """The FA3 kernels and the emulations into the replay's registry (again: replaces them)."""
     for name in ("fa3", "fa3-fp8", "fa3-fp8-smooth"):
         register_backend("attention", name, _fa3_kernel(name), needs=("cuda",), default="cuda",
-                         description=f"FlashAttention-3 forward, engine backend {name!r}", h1b="fa3" if name == "fa3" else None)
+                         description=f"FlashAttention-3 forward, engine backend {name!r}", h1b="fa3" if name == "fa3" else None,
+                         model_gated=name != "fa3")
     for parts in EMULATIONS:
         for smoothed in (False, True):
             name = f"emu-fp8-{parts}" + ("-smooth" if smoothed else "")
             register_backend("attention", name, _emulation(parts, smoothed), default=False,
                              description=f"fp32 emulation, e4m3 rounding of {', '.join(parts)}"
                                          + (" after K/V mean shift" if smoothed else "") + " (times meaningless)")
+    for mode in fp8_fine.MODES:
+        name = fp8_fine.kernel_name(mode)
+        register_backend("attention", name, _engine_dense(name, True), needs=("cuda",), default="cuda",
+                         description=f"H6f's FP8 attention kernel ({mode}), engine backend {name!r}", model_gated=True)
+        name = fp8_fine.backend_name(mode)
+        register_backend("attention", name, _engine_dense(name, False), default=False,
+                         description=f"H6f's FP8 rounding ({mode}) through PyTorch ops (times meaningless)", model_gated=True)

@@ -26,6 +26,8 @@ SCHEMA = 1
 def _cell(r: dict) -> str:
     if r["status"] == "ok":
         return f"{r['median_ms']:.3f} ({r['ratio']:.2f}×)"
+    if r["status"] == "numerics" and r.get("median_ms") is not None:  # a model-gated backend, timed
+        return f"✗ numerics, {r['median_ms']:.3f}"
     return {"unsupported": "n/a", "numerics": "✗ numerics", "oom": "✗ OOM", "error": "✗ error"}.get(r["status"], "✗")
 
 

@@ -111,6 +111,28 @@ def test_broken_backends_are_failures_with_a_reason_and_no_time(cases):
         assert e["winner"] == "sdpa-math"
 
 
+def test_a_model_gated_backend_failing_the_op_check_is_timed_but_never_the_winner(cases):
+    """FP8 attention fails the op check on random inputs by design (its gate is the candidate's, on
+    the whole model): its row keeps the failure and a time, so the replay shows what it buys."""
+    from harness.experiments.replay.outputs import _cell
+
+    def rough(case, t, device):
+        a = attn_views(case, t)
+        return Prepared(lambda: torch.nn.functional.scaled_dot_product_attention(a["q"], a["k"], a["v"]) * 1.2)
+
+    register_backend("attention", "fake-gated", rough, default=False, model_gated=True)
+    try:
+        entries = replay_cases(_pick(cases, "attention", 1), device=torch.device("cpu"),
+                               backends=["sdpa-math", "fake-gated"], warmup=0, repeats=2, log=None)
+    finally:
+        unregister_backend("attention", "fake-gated")
+    for e in entries:
+        r = {r["backend"]: r for r in e["results"]}["fake-gated"]
+        assert r["status"] == "numerics" and r["median_ms"] > 0 and r["repeats"] == 2
+        assert e["winner"] == "sdpa-math" and "ratio" not in r
+        assert _cell(r).startswith("✗ numerics, ")
+
+
 def test_cli_writes_json_md_and_heatmaps_with_h1b_next_to_the_winner(captured, tmp_path):
     cmp_dir = tmp_path / "cmp"
     cmp_dir.mkdir()

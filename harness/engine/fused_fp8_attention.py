@@ -1,0 +1,178 @@
+"""H6f's FP8 attention as one Triton kernel: FP8 in P·V only (``pv``) or per-block Q/K scales
+(``qk-block``), the numerics of ``fp8_fine`` in FlashAttention's single pass.
+
+``fp8_fine`` answers whether a placement passes the gate, slowly (it materialises the scores).
+This is the kernel that answers what the placement buys: one program per (head, block of
+``BLOCK_M`` queries) walks the keys in blocks of ``BLOCK_N`` with the online softmax and never
+leaves registers for the scores.
+
+* ``pv``: the scores from the inputs (bf16) with float32 accumulation, P = exp(s − m) scaled by
+  448 and cast to e4m3, V in e4m3 with one scale per (head, channel) over the keys, the product
+  on FP8 tensor cores; the output divided by the float32 sum of the unrounded P and multiplied
+  by V's channel scales / 448 at the end.
+* ``qk-block``: Q in e4m3 with one scale per query row, K with one per (head, block of
+  ``fp8_fine.K_BLOCK`` keys) — a scalar per key block, since ``BLOCK_N`` divides ``K_BLOCK`` —
+  the scores on FP8 tensor cores times the two scales; P rounded to bf16 for a bf16 P·V, as any
+  bf16 flash kernel does (the one place it rounds where ``fp8_fine`` does not).
+
+How it differs from ``fp8_fine``: the online softmax casts P against the running row maximum, not
+the final one. e4m3 is a floating-point format, so a factor 2^(m_final − m_running) applied later
+moves which values are subnormal (P·448 < 2⁻⁶) and nothing else; the sums run in another order.
+The tests hold the kernel to the emulation where the keys fit one block and to the emulation's
+error against the exact attention otherwise.
+
+The operands are quantised by PyTorch ops before the kernel (``prepare``): V's channel scales
+need every key, and FP8 tensor cores read V's block K-major, so V's codes are stored (H, D, Sk).
+
+Needs Triton (and a CUDA device, or the interpreter on CPU tensors): only the H6f backends'
+CUDA path and the tests import this module.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from typing import NamedTuple
+
+from torch import Tensor
+
+from harness.engine.fa3 import FP8, FP8_MAX
+from harness.engine.fp8_fine import K_BLOCK, amax_scale, block_amax_scales, e4m3_codes, per_key
+from harness.engine.triton_round import to_bf16, to_e4m3
+
+LOG2E = math.log2(math.e)
+
+
+@triton.jit
+def _fp8_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, qs_ptr, ks_ptr, vs_ptr, sq, sk,
+                          q_sh, q_ss, k_sh, k_ss, v_sh, v_sa, v_sb, o_sh, o_ss, ks_sh, qk_scale,
+                          D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KB: tl.constexpr,
+                          QK8: tl.constexpr, PV8: tl.constexpr, FMAX: tl.constexpr, EMULATE: tl.constexpr):
+    h = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, D)
+    keys = tl.arange(0, BLOCK_N)
+    rm = rows < sq
+    q = tl.load(q_ptr + h * q_sh + rows[:, None] * q_ss + dims[None, :], mask=rm[:, None], other=0.0)
+    if QK8:
+        rs = tl.load(qs_ptr + h * sq + rows, mask=rm, other=0.0) * qk_scale  # the row's scale and 1/√D·log2 e
+    if EMULATE:  # the interpreter's dot: float32 products of the operands' exact values
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    for start in range(0, sk, BLOCK_N):
+        n = start + keys
+        km = n < sk
+        k = tl.load(k_ptr + h * k_sh + n[:, None] * k_ss + dims[None, :], mask=km[:, None], other=0.0)
+        if EMULATE:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k))
+        if QK8:
+            s = s * rs[:, None] * tl.load(ks_ptr + h * ks_sh + start // KB)
+        else:
+            s = s * qk_scale
+        s = tl.where(km[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        # V's block as (BLOCK_N, D): for FP8 its codes are stored (H, D, Sk), so the block is K-major
+        v = tl.load(v_ptr + h * v_sh + n[:, None] * v_sa + dims[None, :] * v_sb, mask=km[:, None], other=0.0)
+        if PV8:
+            p8 = to_e4m3(p * FMAX, EMULATE)
+            if EMULATE:
+                acc += tl.dot(p8.to(tl.float32), v.to(tl.float32))
+            else:
+                acc = tl.dot(p8, v, acc)
+        else:
+            if EMULATE:
+                acc += tl.dot(to_bf16(p, EMULATE), v.to(tl.float32))
+            else:
+                acc = tl.dot(p.to(tl.bfloat16), v, acc)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    if PV8:
+        out = out * (tl.load(vs_ptr + h * D + dims) / FMAX)[None, :]
+    tl.store(o_ptr + h * o_sh + rows[:, None] * o_ss + dims[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=rm[:, None])
+
+
+#: on the GPU: (BLOCK_M, BLOCK_N, warps, stages) timed at the first call of each form (not per key
+#: count: the window grows over the first chunks, and each new count would time them all again)
+_CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
+            for m, n, w, st in ((128, 128, 8, 2), (128, 64, 8, 3), (128, 128, 8, 3), (64, 128, 4, 3), (128, 64, 4, 3))]
+_tuned_kernel = triton.autotune(configs=_CONFIGS, key=["D", "QK8", "PV8"])(_fp8_attention_kernel)
+#: the interpreter's blocks: small, so a test's few hundred keys take several blocks
+CPU_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 32}
+
+
+class Prepared(NamedTuple):
+    """The kernel's operands: e4m3 codes or the inputs as given, and the scales (None where a mode
+    has none): Q's per row (H, Sq), K's per key block (H, blocks), V's per channel (H, D)."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    qs: Tensor | None
+    ks: Tensor | None
+    vs: Tensor | None
+
+
+def prepare(q: Tensor, k: Tensor, v: Tensor, *, qk_block: bool, pv: bool) -> Prepared:
+    """(H, Sq, D), (H, Sk, D), (H, Sk, D) views → the kernel's operands, quantised as ``fp8_fine``
+    rounds them (the same scales, the same codes)."""
+    qs = ks = vs = None
+    if qk_block:
+        qf, kf = q.float(), k.float()
+        qs = amax_scale(qf, dim=2)  # (H, Sq, 1)
+        ks = block_amax_scales(kf)  # (H, blocks)
+        q = e4m3_codes(qf, qs)
+        k = e4m3_codes(kf, per_key(ks, kf.shape[1]))
+        qs = qs[..., 0].contiguous()
+    if pv:
+        vf = v.float()
+        vs = amax_scale(vf, dim=1)  # (H, 1, D)
+        v = e4m3_codes(vf, vs).transpose(1, 2).contiguous().transpose(1, 2)  # codes stored (H, D, Sk)
+        vs = vs[:, 0].contiguous()
+    return Prepared(q, k, v, qs, ks, vs)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, qk_block: bool, pv: bool, out: Tensor | None = None) -> Tensor:
+    """(H, Sq, D), (H, Sk, D), (H, Sk, D) → (H, Sq, D) in q's dtype, stored token-major ((Sq, H, D)
+    memory, the layout the model holds) — or written into ``out`` (an (H, Sq, D) view with unit
+    last stride, H1d's static buffer) and returned."""
+    if q.dim() != 3 or k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
+        raise ValueError(f"expected (H, Sq, D) and two (H, Sk, D), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    h, sq, d = q.shape
+    sk = k.shape[1]
+    if d not in (16, 32, 64, 128, 256) or sk == 0:
+        raise ValueError(f"the kernel takes a head dim of 16..256 (a power of two) and ≥ 1 key, got D={d}, Sk={sk}")
+    if q.is_cuda and not q.dtype == k.dtype == v.dtype == torch.bfloat16:
+        raise ValueError(f"on CUDA the kernel attends bf16 inputs, got {q.dtype}, {k.dtype}, {v.dtype}")
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    p = prepare(q, k, v, qk_block=qk_block, pv=pv)
+    if out is None:
+        out = torch.empty(sq, h, d, dtype=q.dtype, device=q.device).transpose(0, 1)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1 or out.device != q.device:
+        raise ValueError(f"expected an output {tuple(q.shape)} {q.dtype} with unit last stride, got "
+                         f"{tuple(out.shape)} {out.dtype} strides {out.stride()}")
+    if sq == 0:
+        return out
+    dummy = out  # a pointer for the scales a mode does not read
+    args = (p.q, p.k, p.v, out, p.qs if qk_block else dummy, p.ks if qk_block else dummy, p.vs if pv else dummy, sq, sk,
+            p.q.stride(0), p.q.stride(1), p.k.stride(0), p.k.stride(1), *p.v.stride(), out.stride(0), out.stride(1),
+            p.ks.stride(0) if qk_block else 0, d ** -0.5 * LOG2E)  # scores in log2 units: exp2 is the GPU's instruction
+    consts = dict(D=d, KB=K_BLOCK, QK8=qk_block, PV8=pv, FMAX=FP8_MAX, EMULATE=not q.is_cuda)
+    if q.is_cuda:
+        def grid(meta):
+            return (triton.cdiv(sq, meta["BLOCK_M"]), h)
+
+        _tuned_kernel[grid](*args, **consts)
+    else:
+        _fp8_attention_kernel[(triton.cdiv(sq, CPU_BLOCKS["BLOCK_M"]), h)](*args, **consts, **CPU_BLOCKS)
+    return out
