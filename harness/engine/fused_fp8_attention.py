@@ -21,8 +21,10 @@ moves which values are subnormal (P·448 < 2⁻⁶) and nothing else; the sums r
 The tests hold the kernel to the emulation where the keys fit one block and to the emulation's
 error against the exact attention otherwise.
 
-The operands are quantised by PyTorch ops before the kernel (``prepare``): V's channel scales
-need every key, and FP8 tensor cores read V's block K-major, so V's codes are stored (H, D, Sk).
+The operands are quantised before the kernel (``prepare``): V's channel scales need every key, so
+V's codes come from a pass of their own (``v_codes``, Triton: the amax, then the codes stored
+(H, D, Sk), since FP8 tensor cores read P·V's second operand K-major); Q's and K's block scales
+through PyTorch ops.
 
 Needs Triton (and a CUDA device, or the interpreter on CPU tensors): only the H6f backends'
 CUDA path and the tests import this module.
@@ -39,7 +41,7 @@ from typing import NamedTuple
 
 from torch import Tensor
 
-from harness.engine.fa3 import FP8, FP8_MAX
+from harness.engine.fa3 import FP8, FP8_MAX, MIN_AMAX
 from harness.engine.fp8_fine import K_BLOCK, amax_scale, block_amax_scales, e4m3_codes, per_key
 from harness.engine.triton_round import to_bf16, to_e4m3
 
@@ -102,6 +104,43 @@ def _fp8_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, qs_ptr, ks_ptr, vs_ptr, sq
              mask=rm[:, None])
 
 
+@triton.jit
+def _v_codes_kernel(v_ptr, codes_ptr, vs_ptr, sk, v_sh, v_ss, c_sh, c_sd, FMAX: tl.constexpr, AMIN: tl.constexpr,
+                    D: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr, EMULATE: tl.constexpr):
+    """V's e4m3 codes with one scale per (head, channel) over the keys, as ``fp8_fine`` makes them:
+    one program per (head, BD channels) walks the keys twice (the amax, then the codes, written
+    (H, D, Sk): the layout FP8 tensor cores read as P·V's second operand)."""
+    h = tl.program_id(0).to(tl.int64)
+    dims = tl.program_id(1) * BD + tl.arange(0, BD)
+    keys = tl.arange(0, BS)
+    amax = tl.zeros([BD], tl.float32)
+    for start in range(0, sk, BS):
+        n = start + keys
+        x = tl.load(v_ptr + h * v_sh + n[:, None] * v_ss + dims[None, :], mask=(n < sk)[:, None], other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=0))
+    scale = tl.maximum(amax, AMIN) / FMAX
+    tl.store(vs_ptr + h * D + dims, scale)
+    for start in range(0, sk, BS):
+        n = start + keys
+        m = (n < sk)[:, None]
+        x = tl.load(v_ptr + h * v_sh + n[:, None] * v_ss + dims[None, :], mask=m, other=0.0).to(tl.float32)
+        q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale[None, :]), -FMAX), FMAX)
+        tl.store(codes_ptr + h * c_sh + dims[None, :] * c_sd + n[:, None], to_e4m3(q, EMULATE), mask=m)
+
+
+def v_codes(v: Tensor) -> tuple[Tensor, Tensor]:
+    """(H, Sk, D) with unit last stride → e4m3 codes (H, Sk, D), stored (H, D, Sk), and the scales
+    (H, D) fp32: ``e4m3_codes(v, amax_scale(v, dim=1))`` in two passes over V."""
+    h, sk, d = v.shape
+    codes = torch.empty(h, d, sk, dtype=FP8, device=v.device)
+    vs = torch.empty(h, d, dtype=torch.float32, device=v.device)
+    bd = min(d, 32)
+    _v_codes_kernel[(h, d // bd)](v, codes, vs, sk, v.stride(0), v.stride(1), codes.stride(0), codes.stride(1),
+                                  FMAX=FP8_MAX, AMIN=MIN_AMAX, D=d, BD=bd, BS=64 if v.is_cuda else 32,
+                                  EMULATE=not v.is_cuda)
+    return codes.transpose(1, 2), vs
+
+
 #: on the GPU: (BLOCK_M, BLOCK_N, warps, stages) timed at the first call of each form (not per key
 #: count: the window grows over the first chunks, and each new count would time them all again)
 _CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=st)
@@ -135,10 +174,7 @@ def prepare(q: Tensor, k: Tensor, v: Tensor, *, qk_block: bool, pv: bool) -> Pre
         k = e4m3_codes(kf, per_key(ks, kf.shape[1]))
         qs = qs[..., 0].contiguous()
     if pv:
-        vf = v.float()
-        vs = amax_scale(vf, dim=1)  # (H, 1, D)
-        v = e4m3_codes(vf, vs).transpose(1, 2).contiguous().transpose(1, 2)  # codes stored (H, D, Sk)
-        vs = vs[:, 0].contiguous()
+        v, vs = v_codes(v)
     return Prepared(q, k, v, qs, ks, vs)
 
 

@@ -60,6 +60,13 @@ def check(device: str, bound: float) -> None:
                 limit = bound if mode == "pv" else bound + 2 ** -8
                 assert _rel(got, emu) <= limit, (mode, _rel(got, emu))
             assert err <= 1.25 * emu_err + 2 ** -9, (mode, sk, err, emu_err)
+    # V's codes from the kernel's own pass are the emulation's, scale for scale and code for code
+    for sk in (1, 70, 300):
+        v = _qkv(g, 2, 1, sk, d, device)[2]
+        codes, vs = K.v_codes(v)
+        want_s = F8.amax_scale(v.float(), dim=1)
+        assert codes.transpose(1, 2).is_contiguous() and torch.equal(vs, want_s[:, 0])
+        assert torch.equal(codes.float(), F8.e4m3_codes(v.float(), want_s).float())
     # views of token-major storage are read in place: the same bytes as from contiguous copies
     q, k, v = _qkv(g, 2, 20, 100, d, device)
     a = K.attention(q, k, v, qk_block=True, pv=True)
