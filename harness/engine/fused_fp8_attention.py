@@ -22,9 +22,9 @@ The tests hold the kernel to the emulation where the keys fit one block and to t
 error against the exact attention otherwise.
 
 The operands are quantised before the kernel (``prepare``): V's channel scales need every key, so
-V's codes come from a pass of their own (``v_codes``, Triton: the amax, then the codes stored
-(H, D, Sk), since FP8 tensor cores read P·V's second operand K-major); Q's and K's block scales
-through PyTorch ops.
+each from Triton passes of its own: V's amax per channel over every key, then its codes stored
+(H, D, Sk), since FP8 tensor cores read P·V's second operand K-major (``v_codes``); Q's codes a
+row at a time and K's a key block at a time (``row_codes``).
 
 Needs Triton (and a CUDA device, or the interpreter on CPU tensors): only the H6f backends'
 CUDA path and the tests import this module.
@@ -42,7 +42,7 @@ from typing import NamedTuple
 from torch import Tensor
 
 from harness.engine.fa3 import FP8, FP8_MAX, MIN_AMAX
-from harness.engine.fp8_fine import K_BLOCK, amax_scale, block_amax_scales, e4m3_codes, per_key
+from harness.engine.fp8_fine import K_BLOCK
 from harness.engine.triton_round import to_bf16, to_e4m3
 
 LOG2E = math.log2(math.e)
@@ -105,40 +105,84 @@ def _fp8_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, qs_ptr, ks_ptr, vs_ptr, sq
 
 
 @triton.jit
-def _v_codes_kernel(v_ptr, codes_ptr, vs_ptr, sk, v_sh, v_ss, c_sh, c_sd, FMAX: tl.constexpr, AMIN: tl.constexpr,
-                    D: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr, EMULATE: tl.constexpr):
-    """V's e4m3 codes with one scale per (head, channel) over the keys, as ``fp8_fine`` makes them:
-    one program per (head, BD channels) walks the keys twice (the amax, then the codes, written
-    (H, D, Sk): the layout FP8 tensor cores read as P·V's second operand)."""
+def _v_amax_kernel(v_ptr, amax_ptr, sk, v_sh, v_ss, D: tl.constexpr, BS: tl.constexpr):
+    """Each channel's |V| maximum over one block of BS keys, folded into (H, D) by atomic max (the
+    values are ≥ 0, so the float order is the integers')."""
     h = tl.program_id(0).to(tl.int64)
-    dims = tl.program_id(1) * BD + tl.arange(0, BD)
-    keys = tl.arange(0, BS)
-    amax = tl.zeros([BD], tl.float32)
-    for start in range(0, sk, BS):
-        n = start + keys
-        x = tl.load(v_ptr + h * v_sh + n[:, None] * v_ss + dims[None, :], mask=(n < sk)[:, None], other=0.0)
-        amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=0))
-    scale = tl.maximum(amax, AMIN) / FMAX
-    tl.store(vs_ptr + h * D + dims, scale)
-    for start in range(0, sk, BS):
-        n = start + keys
-        m = (n < sk)[:, None]
-        x = tl.load(v_ptr + h * v_sh + n[:, None] * v_ss + dims[None, :], mask=m, other=0.0).to(tl.float32)
-        q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale[None, :]), -FMAX), FMAX)
-        tl.store(codes_ptr + h * c_sh + dims[None, :] * c_sd + n[:, None], to_e4m3(q, EMULATE), mask=m)
+    n = tl.program_id(1) * BS + tl.arange(0, BS)
+    dims = tl.arange(0, D)
+    x = tl.load(v_ptr + h * v_sh + n[:, None] * v_ss + dims[None, :], mask=(n < sk)[:, None], other=0.0)
+    tl.atomic_max(amax_ptr + h * D + dims, tl.max(tl.abs(x.to(tl.float32)), axis=0))
+
+
+@triton.jit
+def _v_codes_kernel(v_ptr, amax_ptr, codes_ptr, vs_ptr, sk, v_sh, v_ss, c_sh, c_sd, FMAX: tl.constexpr,
+                    AMIN: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, EMULATE: tl.constexpr):
+    """One block of BS keys of V as e4m3 codes with its channels' scales, written (H, D, Sk): the
+    layout FP8 tensor cores read as P·V's second operand."""
+    h = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1)
+    n = blk * BS + tl.arange(0, BS)
+    dims = tl.arange(0, D)
+    scale = tl.maximum(tl.load(amax_ptr + h * D + dims), AMIN) / FMAX
+    if blk == 0:
+        tl.store(vs_ptr + h * D + dims, scale)
+    m = (n < sk)[:, None]
+    x = tl.load(v_ptr + h * v_sh + n[:, None] * v_ss + dims[None, :], mask=m, other=0.0).to(tl.float32)
+    q = tl.minimum(tl.maximum(tl.math.div_rn(x, scale[None, :]), -FMAX), FMAX)
+    tl.store(codes_ptr + h * c_sh + dims[None, :] * c_sd + n[:, None], to_e4m3(q, EMULATE), mask=m)
+
+
+@triton.jit
+def _row_codes_kernel(x_ptr, codes_ptr, s_ptr, n_rows, x_sh, x_ss, c_sh, c_ss, s_sh, FMAX: tl.constexpr,
+                      AMIN: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, PER_ROW: tl.constexpr,
+                      EMULATE: tl.constexpr):
+    """BS rows of one head as e4m3 codes: one scale per row (``PER_ROW``: Q) or one for the BS rows
+    together (K's key block)."""
+    h = tl.program_id(0).to(tl.int64)
+    blk = tl.program_id(1)
+    r = blk * BS + tl.arange(0, BS)
+    dims = tl.arange(0, D)
+    m = (r < n_rows)[:, None]
+    x = tl.load(x_ptr + h * x_sh + r[:, None] * x_ss + dims[None, :], mask=m, other=0.0).to(tl.float32)
+    if PER_ROW:
+        scale = tl.maximum(tl.max(tl.abs(x), axis=1), AMIN) / FMAX
+        tl.store(s_ptr + h * s_sh + r, scale, mask=r < n_rows)
+        q = tl.math.div_rn(x, scale[:, None])
+    else:
+        scale = tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), AMIN) / FMAX
+        tl.store(s_ptr + h * s_sh + blk, scale)
+        q = tl.math.div_rn(x, scale)
+    q = tl.minimum(tl.maximum(q, -FMAX), FMAX)
+    tl.store(codes_ptr + h * c_sh + r[:, None] * c_ss + dims[None, :], to_e4m3(q, EMULATE), mask=m)
 
 
 def v_codes(v: Tensor) -> tuple[Tensor, Tensor]:
     """(H, Sk, D) with unit last stride → e4m3 codes (H, Sk, D), stored (H, D, Sk), and the scales
-    (H, D) fp32: ``e4m3_codes(v, amax_scale(v, dim=1))`` in two passes over V."""
+    (H, D) fp32: ``e4m3_codes(v, amax_scale(v, dim=1))``, two passes over V."""
     h, sk, d = v.shape
     codes = torch.empty(h, d, sk, dtype=FP8, device=v.device)
     vs = torch.empty(h, d, dtype=torch.float32, device=v.device)
-    bd = min(d, 32)
-    _v_codes_kernel[(h, d // bd)](v, codes, vs, sk, v.stride(0), v.stride(1), codes.stride(0), codes.stride(1),
-                                  FMAX=FP8_MAX, AMIN=MIN_AMAX, D=d, BD=bd, BS=64 if v.is_cuda else 32,
-                                  EMULATE=not v.is_cuda)
+    amax = torch.zeros(h, d, dtype=torch.float32, device=v.device)
+    bs = 64 if v.is_cuda else 32
+    grid = (h, triton.cdiv(sk, bs))
+    _v_amax_kernel[grid](v, amax, sk, v.stride(0), v.stride(1), D=d, BS=bs)
+    _v_codes_kernel[grid](v, amax, codes, vs, sk, v.stride(0), v.stride(1), codes.stride(0), codes.stride(1),
+                          FMAX=FP8_MAX, AMIN=MIN_AMAX, D=d, BS=bs, EMULATE=not v.is_cuda)
     return codes.transpose(1, 2), vs
+
+
+def row_codes(x: Tensor, *, block: int | None) -> tuple[Tensor, Tensor]:
+    """(H, S, D) with unit last stride → e4m3 codes (H, S, D) and their scales: (H, S), one per row
+    (``block`` None: Q), or (H, ⌈S / block⌉), one per block of rows (K), as ``fp8_fine`` scales them."""
+    h, n, d = x.shape
+    codes = torch.empty(h, n, d, dtype=FP8, device=x.device)
+    bs = block or (64 if x.is_cuda else 16)
+    scales = torch.empty(h, n if block is None else triton.cdiv(n, block), dtype=torch.float32, device=x.device)
+    _row_codes_kernel[(h, triton.cdiv(n, bs))](x, codes, scales, n, x.stride(0), x.stride(1), codes.stride(0),
+                                               codes.stride(1), scales.stride(0), FMAX=FP8_MAX, AMIN=MIN_AMAX, D=d,
+                                               BS=bs, PER_ROW=block is None, EMULATE=not x.is_cuda)
+    return codes, scales
 
 
 #: on the GPU: (BLOCK_M, BLOCK_N, warps, stages) timed at the first call of each form (not per key
@@ -167,12 +211,8 @@ def prepare(q: Tensor, k: Tensor, v: Tensor, *, qk_block: bool, pv: bool) -> Pre
     rounds them (the same scales, the same codes)."""
     qs = ks = vs = None
     if qk_block:
-        qf, kf = q.float(), k.float()
-        qs = amax_scale(qf, dim=2)  # (H, Sq, 1)
-        ks = block_amax_scales(kf)  # (H, blocks)
-        q = e4m3_codes(qf, qs)
-        k = e4m3_codes(kf, per_key(ks, kf.shape[1]))
-        qs = qs[..., 0].contiguous()
+        q, qs = row_codes(q, block=None)
+        k, ks = row_codes(k, block=K_BLOCK)
     if pv:
         v, vs = v_codes(v)
     return Prepared(q, k, v, qs, ks, vs)

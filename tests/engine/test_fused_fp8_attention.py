@@ -54,7 +54,7 @@ def check(device: str, bound: float) -> None:
             emu = F8.attention(q, k, v, qk_block=qk_block, pv=pv)
             exact = _exact(q, k, v)
             err, emu_err = _rel(got, exact), _rel(emu, exact)
-            assert 1e-4 < emu_err < 0.08, (mode, sk, emu_err)  # FP8 rounds: the check could fail
+            assert 1e-4 < emu_err < 0.2, (mode, sk, emu_err)  # FP8 rounds: the check could fail
             if sk == 30:
                 # P·V only: the same codes, to float32's noise; qk-block: P's bf16 rounding on top
                 limit = bound if mode == "pv" else bound + 2 ** -8
@@ -67,6 +67,13 @@ def check(device: str, bound: float) -> None:
         want_s = F8.amax_scale(v.float(), dim=1)
         assert codes.transpose(1, 2).is_contiguous() and torch.equal(vs, want_s[:, 0])
         assert torch.equal(codes.float(), F8.e4m3_codes(v.float(), want_s).float())
+        # Q's per row and K's per key block, likewise
+        codes, qs = K.row_codes(v, block=None)
+        want_s = F8.amax_scale(v.float(), dim=2)
+        assert torch.equal(qs, want_s[..., 0]) and torch.equal(codes.float(), F8.e4m3_codes(v.float(), want_s).float())
+        codes, ks = K.row_codes(v, block=F8.K_BLOCK)
+        assert torch.equal(ks, F8.block_amax_scales(v.float()))
+        assert torch.equal(codes.float(), F8.e4m3_codes(v.float(), F8.key_block_scales(v.float())).float())
     # views of token-major storage are read in place: the same bytes as from contiguous copies
     q, k, v = _qkv(g, 2, 20, 100, d, device)
     a = K.attention(q, k, v, qk_block=True, pv=True)
