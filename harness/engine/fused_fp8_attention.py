@@ -49,6 +49,49 @@ LOG2E = math.log2(math.e)
 
 
 @triton.jit
+def _key_block(q, rs, m_i, l_i, acc, start, k_ptr, v_ptr, ks_ptr, sk, k_ss, v_sa, v_sb, qk_scale, dims,
+               BLOCK_N: tl.constexpr, KB: tl.constexpr, QK8: tl.constexpr, PV8: tl.constexpr, FMAX: tl.constexpr,
+               MASK: tl.constexpr, EMULATE: tl.constexpr):
+    """One block of keys into the running (row max, row sum, accumulator); ``MASK`` only for the
+    last, partial block (the pointers are the head's). V's block is (BLOCK_N, D): for FP8 its codes
+    are stored (H, D, Sk), so the block is K-major."""
+    n = start + tl.arange(0, BLOCK_N)
+    km = n < sk
+    if MASK:
+        k = tl.load(k_ptr + n[:, None] * k_ss + dims[None, :], mask=km[:, None], other=0.0)
+        v = tl.load(v_ptr + n[:, None] * v_sa + dims[None, :] * v_sb, mask=km[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptr + n[:, None] * k_ss + dims[None, :])
+        v = tl.load(v_ptr + n[:, None] * v_sa + dims[None, :] * v_sb)
+    if EMULATE:  # the interpreter's dot: float32 products of the operands' exact values
+        k = k.to(tl.float32)
+    s = tl.dot(q, tl.trans(k))
+    if QK8:
+        s = s * rs[:, None] * tl.load(ks_ptr + start // KB)
+    else:
+        s = s * qk_scale
+    if MASK:
+        s = tl.where(km[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None]
+    if PV8:
+        p8 = to_e4m3(p * FMAX, EMULATE)
+        if EMULATE:
+            acc += tl.dot(p8.to(tl.float32), v.to(tl.float32))
+        else:
+            acc = tl.dot(p8, v, acc)
+    else:
+        if EMULATE:
+            acc += tl.dot(to_bf16(p, EMULATE), v.to(tl.float32))
+        else:
+            acc = tl.dot(p.to(tl.bfloat16), v, acc)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _fp8_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, qs_ptr, ks_ptr, vs_ptr, sq, sk,
                           q_sh, q_ss, k_sh, k_ss, v_sh, v_sa, v_sb, o_sh, o_ss, ks_sh, qk_scale,
                           D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, KB: tl.constexpr,
@@ -56,47 +99,26 @@ def _fp8_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, qs_ptr, ks_ptr, vs_ptr, sq
     h = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, D)
-    keys = tl.arange(0, BLOCK_N)
     rm = rows < sq
     q = tl.load(q_ptr + h * q_sh + rows[:, None] * q_ss + dims[None, :], mask=rm[:, None], other=0.0)
+    rs = qk_scale
     if QK8:
         rs = tl.load(qs_ptr + h * sq + rows, mask=rm, other=0.0) * qk_scale  # the row's scale and 1/√D·log2 e
-    if EMULATE:  # the interpreter's dot: float32 products of the operands' exact values
+    if EMULATE:
         q = q.to(tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    for start in range(0, sk, BLOCK_N):
-        n = start + keys
-        km = n < sk
-        k = tl.load(k_ptr + h * k_sh + n[:, None] * k_ss + dims[None, :], mask=km[:, None], other=0.0)
-        if EMULATE:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k))
-        if QK8:
-            s = s * rs[:, None] * tl.load(ks_ptr + h * ks_sh + start // KB)
-        else:
-            s = s * qk_scale
-        s = tl.where(km[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
-        # V's block as (BLOCK_N, D): for FP8 its codes are stored (H, D, Sk), so the block is K-major
-        v = tl.load(v_ptr + h * v_sh + n[:, None] * v_sa + dims[None, :] * v_sb, mask=km[:, None], other=0.0)
-        if PV8:
-            p8 = to_e4m3(p * FMAX, EMULATE)
-            if EMULATE:
-                acc += tl.dot(p8.to(tl.float32), v.to(tl.float32))
-            else:
-                acc = tl.dot(p8, v, acc)
-        else:
-            if EMULATE:
-                acc += tl.dot(to_bf16(p, EMULATE), v.to(tl.float32))
-            else:
-                acc = tl.dot(p.to(tl.bfloat16), v, acc)
-        m_i = m_new
+    k_ptr += h * k_sh
+    v_ptr += h * v_sh
+    ks_ptr += h * ks_sh
+    whole = (sk // BLOCK_N) * BLOCK_N
+    for start in range(0, whole, BLOCK_N):
+        m_i, l_i, acc = _key_block(q, rs, m_i, l_i, acc, start, k_ptr, v_ptr, ks_ptr, sk, k_ss, v_sa, v_sb, qk_scale,
+                                   dims, BLOCK_N, KB, QK8, PV8, FMAX, False, EMULATE)
+    if whole < sk:
+        m_i, l_i, acc = _key_block(q, rs, m_i, l_i, acc, whole, k_ptr, v_ptr, ks_ptr, sk, k_ss, v_sa, v_sb, qk_scale,
+                                   dims, BLOCK_N, KB, QK8, PV8, FMAX, True, EMULATE)
     out = acc / l_i[:, None]
     if PV8:
         out = out * (tl.load(vs_ptr + h * D + dims) / FMAX)[None, :]
