@@ -9,6 +9,7 @@ communicator. When neither group has more than one rank, no world is created at 
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import signal
@@ -23,7 +24,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from harness.candidates import Chosen
+from harness.candidates import Chosen, EnginePatches
 from harness.config import HarnessConfig
 from harness.engine.groups import RankGroup
 from harness.hooks.active import ActiveHooks, activate
@@ -253,3 +254,16 @@ def reported_errors(role: str, rank: int, conn):
         except Exception:
             pass
         raise SystemExit(1)
+
+
+def apply_for_good(candidates, device: torch.device, **targets) -> list[str]:
+    """A worker's candidate patches, applied for the process's life (``EnginePatches.apply``'s
+    targets and result): no revert is kept, so what a patch replaced — H6e's bf16 FFN weights,
+    10.5 GiB at 480×832 — is garbage once this returns. On CUDA its blocks then go back to the
+    driver: the caching allocator would keep them, and the compiled warm-up's CUDA-graph pools
+    cannot reuse its free blocks, so the process would hold both copies."""
+    applied = EnginePatches(candidates).apply(**targets)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return applied

@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.candidates import EnginePatches
 from harness.engine.backends import build_dit_engine
 from harness.engine.conditions import SessionConditions
 from harness.engine.image import picture_condition
@@ -18,7 +17,7 @@ from harness.hooks import context as hctx
 from harness.measure.clock import now
 from harness.pipeline import messages as M
 from harness.workers.common import (
-    GpuTimer, WorkerSpec, device_name, end_session, init_groups, maybe_fault, process_setup,
+    GpuTimer, WorkerSpec, apply_for_good, device_name, end_session, init_groups, maybe_fault, process_setup,
     hooks_on, reported_errors, shutdown_groups, synchronize,
 )
 
@@ -37,7 +36,7 @@ def _serve(spec: WorkerSpec, conn) -> None:
     device = torch.device(spec.device)
     cfg = spec.cfg
     engine = build_dit_engine(cfg, group=group, device=device, seed=cfg.runtime.seed)
-    applied = EnginePatches(spec.candidates).apply(dit=engine)
+    applied = apply_for_good(spec.candidates, device, dit=engine)
     lead = spec.rank == 0
     timer = GpuTimer(device)
     M.send(conn, M.Ready(role="dit", rank=spec.rank, device=str(device), device_name=device_name(device),

@@ -11,7 +11,6 @@ import msgspec
 import numpy as np
 import torch
 
-from harness.candidates import EnginePatches
 from harness.engine.convert import to_uint8
 from harness.engine.vae_engine import VaeEngine
 from harness.errors import HarnessError
@@ -20,7 +19,7 @@ from harness.measure.clock import now
 from harness.pipeline import messages as M
 from harness.pipeline.ring import FrameRing, RingSpec
 from harness.workers.common import (
-    GpuTimer, WorkerSpec, device_name, end_session, init_groups, maybe_fault, process_setup,
+    GpuTimer, WorkerSpec, apply_for_good, device_name, end_session, init_groups, maybe_fault, process_setup,
     hooks_on, reported_errors, shutdown_groups, synchronize,
 )
 
@@ -69,7 +68,7 @@ def _serve(spec: WorkerSpec, conn, ring) -> None:
     cfg = spec.cfg
     engine = VaeEngine(cfg, group=group, device=device, seed=cfg.runtime.seed)
     out = OutputPath(device)
-    applied = EnginePatches(spec.candidates).apply(vae=engine, output=out)
+    applied = apply_for_good(spec.candidates, device, vae=engine, output=out)
     lead = spec.rank == 0
     timer = GpuTimer(device)
     M.send(conn, M.Ready(role="vae", rank=spec.rank, device=str(device), device_name=device_name(device),
