@@ -65,7 +65,7 @@ def check(device: str, bound: float) -> None:
         v = _qkv(g, 2, 1, sk, d, device)[2]
         codes, vs = K.v_codes(v)
         want_s = F8.amax_scale(v.float(), dim=1)
-        assert codes.transpose(1, 2).is_contiguous() and torch.equal(vs, want_s[:, 0])
+        assert codes.stride(1) == 1 and codes.stride(2) % 16 == 0 and torch.equal(vs, want_s[:, 0])
         assert torch.equal(codes.float(), F8.e4m3_codes(v.float(), want_s).float())
         # Q's per row and K's per key block, likewise
         codes, qs = K.row_codes(v, block=None)
