@@ -74,7 +74,8 @@ def render_md(doc: dict) -> str:
              f"- device: {doc['device']} · torch {doc['torch']} · warm-up {doc['warmup']}, repeats {doc['repeats']} "
              f"({'CUDA events' if doc['device_type'] == 'cuda' else 'perf_counter'}), median ms; (n×) = time / best of the row",
              f"- check: FP64 reference, sampled; allclose(atol={ATOL}, rtol={RTOL}) and relative L2 ≤ {REL_L2} "
-             "(convert: exact). Failures carry no time.", ""]
+             "(convert: exact). Failures carry no time, except a backend whose gate is its candidate's on the whole "
+             "model (FP8 attention: \"✗ numerics, ms\").", ""]
     if doc.get("compare_dir"):
         lines.append(f"- whole-model H1b results from `{doc['compare_dir']}`: "
                      + (", ".join(f"{k}: gate {v['gate']}, {v['verdict']}" for k, v in sorted(h1b.items())) or "none found"))
