@@ -33,12 +33,11 @@ CUDA path and the tests import this module.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
-from typing import NamedTuple
-
 from torch import Tensor
 
 from harness.engine.fa3 import FP8, FP8_MAX, MIN_AMAX
@@ -254,8 +253,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, qk_block: bool, pv: bool, out:
         raise ValueError(f"the kernel takes a head dim of 16..256 (a power of two) and ≥ 1 key, got D={d}, Sk={sk}")
     if q.is_cuda and not q.dtype == k.dtype == v.dtype == torch.bfloat16:
         raise ValueError(f"on CUDA the kernel attends bf16 inputs, got {q.dtype}, {k.dtype}, {v.dtype}")
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    p = prepare(q, k, v, qk_block=qk_block, pv=pv)
     if out is None:
         out = torch.empty(sq, h, d, dtype=q.dtype, device=q.device).transpose(0, 1)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1 or out.device != q.device:
@@ -263,6 +260,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, qk_block: bool, pv: bool, out:
                          f"{tuple(out.shape)} {out.dtype} strides {out.stride()}")
     if sq == 0:
         return out
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    p = prepare(q, k, v, qk_block=qk_block, pv=pv)
     dummy = out  # a pointer for the scales a mode does not read
     args = (p.q, p.k, p.v, out, p.qs if qk_block else dummy, p.ks if qk_block else dummy, p.vs if pv else dummy, sq, sk,
             p.q.stride(0), p.q.stride(1), p.k.stride(0), p.k.stride(1), *p.v.stride(), out.stride(0), out.stride(1),
