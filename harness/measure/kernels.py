@@ -14,7 +14,9 @@ from __future__ import annotations
 CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gemm-fp8", ("triton_tem_fused__scaled_mm",)),  # Inductor's GEMM templates (max-autotune) are GEMMs
     ("gemm", ("triton_tem_",)),
-    ("triton", ("triton_", "_bias_gelu_quant_kernel", "_to_uint8_kernel", "_qk_norm_rope_kernel", "_ffn_norm_kernel", "_add_norm_kernel")),
+    ("attention-fp8-triton", ("_fp8_attention_kernel",)),  # H6f's Triton attention: attention, not "triton"
+    ("triton", ("triton_", "_bias_gelu_quant_kernel", "_to_uint8_kernel", "_qk_norm_rope_kernel", "_ffn_norm_kernel",
+                "_add_norm_kernel", "_v_amax_kernel", "_v_codes_kernel", "_row_codes_kernel")),
     ("attention-fa3", ("flashattnfwdsm90", "flash::", "flash_fwd")),
     ("attention-cudnn", ("cudnn", "fmha", "sdpa")),
     ("attention-other", ("attention", "flash")),
