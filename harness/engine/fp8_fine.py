@@ -65,12 +65,7 @@ def block_amax_scales(k: Tensor, block: int = K_BLOCK) -> Tensor:
 
 def key_block_scales(k: Tensor, block: int = K_BLOCK) -> Tensor:
     """(H, Sk, D) fp32 → per-(head, key) scale (H, Sk, 1): each block of ``block`` keys shares its amax's."""
-    return per_key(block_amax_scales(k, block), k.shape[1], block)
-
-
-def per_key(scales: Tensor, sk: int, block: int = K_BLOCK) -> Tensor:
-    """(H, blocks) block scales → each key's (H, Sk, 1)."""
-    return scales.repeat_interleave(block, dim=1)[:, :sk, None]
+    return block_amax_scales(k, block).repeat_interleave(block, dim=1)[:, :k.shape[1], None]
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, qk_block: bool, pv: bool) -> Tensor:
