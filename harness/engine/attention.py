@@ -340,7 +340,7 @@ def check_backend(name: str, device: str) -> None:
     Hopper GPU — cannot run on ``device``: for commands to call before any engine is built (the
     kernels themselves only refuse at their first call, inside a rank)."""
     dense(name)
-    why = fa3.unavailable_reason(device) if name in fa3.DENSE else kernel_unavailable(name, device)
+    why = unavailable_reason(name, device)
     if why is not None:
         raise HarnessError(f"runtime.attention={name}: {why}")
 
@@ -355,8 +355,11 @@ def gpu_only(name: str) -> bool:
     return name in fa3.DENSE or name in TRITON_DENSE
 
 
-def kernel_unavailable(name: str, device: str) -> str | None:
-    """Why one of ``TRITON_DENSE`` cannot run on ``device`` (None: it can, or it is not one)."""
+def unavailable_reason(name: str, device) -> str | None:
+    """Why the dense backend ``name`` cannot run on ``device``: FA3 without its wheel or a Hopper
+    GPU, one of ``TRITON_DENSE`` off CUDA or without Triton (None: it can, or it runs anywhere)."""
+    if name in fa3.DENSE:
+        return fa3.unavailable_reason(device)
     if name not in TRITON_DENSE:
         return None
     if torch.device(device).type != "cuda":

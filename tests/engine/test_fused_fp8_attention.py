@@ -112,3 +112,15 @@ def test_h6f_runs_the_kernel_on_cuda_and_the_emulation_elsewhere():
     with pytest.raises(HarnessError, match="CUDA only"):
         A.check_backend("fp8-pv", "cpu")
     A.check_backend("fp8-pv-emulated", "cpu")  # the emulation runs anywhere
+
+
+def test_one_reason_refuses_every_gpu_only_backend_off_the_gpu():
+    """``unavailable_reason`` is what both a command (``check_backend``) and a replay row refuse with."""
+    for name in ("fa3", "fa3-fp8", "fa3-fp8-smooth", *A.TRITON_DENSE):
+        why = A.unavailable_reason(name, "cpu")
+        assert A.gpu_only(name) and why
+        with pytest.raises(HarnessError) as e:
+            A.check_backend(name, "cpu")
+        assert str(e.value) == f"runtime.attention={name}: {why}"
+    for name in ("sdpa", "sdpa-math", "fp8-pv-emulated", "fp8-emulated"):
+        assert not A.gpu_only(name) and A.unavailable_reason(name, "cpu") is None

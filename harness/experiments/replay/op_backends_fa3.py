@@ -26,25 +26,11 @@ from __future__ import annotations
 
 import torch
 
-from harness.engine import attention, fa3, fp8_fine
+from harness.engine import attention, fp8_fine
 from harness.engine.fa3 import FP8, quantize_heads
-from harness.experiments.replay.op_backends import Prepared, Unsupported, attn_views, is_half, register_backend
+from harness.experiments.replay.op_backends import Prepared, Unsupported, attn_views, register_backend
 
 EMULATIONS = ("v", "qk", "p", "qkv", "qkvp")
-
-
-def _fa3_kernel(name: str):
-    def make(case, t: dict, device) -> Prepared:
-        why = fa3.unavailable_reason(device)
-        if why is not None:
-            raise Unsupported(why)
-        if not is_half(case) or case.dtype != "bfloat16":
-            raise Unsupported(f"FA3 here is built for bf16 (and e4m3) only, input is {case.dtype}")
-        a = attn_views(case, t)
-        fn = fa3.DENSE[name]
-        return Prepared(lambda: fn(a["q"], a["k"], a["v"]))
-
-    return make
 
 
 def emulate_fp8_attention(q, k, v, parts: str, smoothed: bool = False, heads_per_step: int = 4):
@@ -80,12 +66,13 @@ def _emulation(parts: str, smoothed: bool):
 
 
 def _engine_dense(name: str, bf16_only: bool):
+    """A row that runs the engine's dense backend ``name`` on the input's (1, H, S, D) views."""
     def make(case, t: dict, device) -> Prepared:
-        why = attention.kernel_unavailable(name, str(device))
+        why = attention.unavailable_reason(name, device)
         if why is not None:
             raise Unsupported(why)
         if bf16_only and case.dtype != "bfloat16":
-            raise Unsupported(f"the kernel attends bf16 inputs, input is {case.dtype}")
+            raise Unsupported(f"the kernel {name} is built for bf16 inputs (FP8 inside), input is {case.dtype}")
         a = attn_views(case, t)
         fn = attention.dense(name)
         return Prepared(lambda: fn(a["q"], a["k"], a["v"]))
@@ -96,7 +83,7 @@ def _engine_dense(name: str, bf16_only: bool):
 def register() -> None:
     """The FA3 kernels and the emulations into the replay's registry (again: replaces them)."""
     for name in ("fa3", "fa3-fp8", "fa3-fp8-smooth"):
-        register_backend("attention", name, _fa3_kernel(name), needs=("cuda",), default="cuda",
+        register_backend("attention", name, _engine_dense(name, True), needs=("cuda",), default="cuda",
                          description=f"FlashAttention-3 forward, engine backend {name!r}", h1b="fa3" if name == "fa3" else None,
                          model_gated=name != "fa3")
     for parts in EMULATIONS:
