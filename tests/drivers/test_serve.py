@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from helpers import REPO
 from helpers.presets import tiny
-from helpers.procs import ignore_sigint, run_segments
+from helpers.procs import sigint_ignored, run_segments
 
 from harness.config import load_preset
 from harness.drivers.launcher import RankFailed
@@ -159,9 +159,9 @@ def test_worker_error_reaps_everything_and_keeps_the_run_directory(tmp_path):
 def test_a_stop_signal_reaps_every_process_and_segment_even_with_sigint_ignored_by_the_parent(tmp_path, sig):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "harness", "serve", "--sessions", "20", "--out", str(tmp_path), "--no-progress"],
+        sigint_ignored([sys.executable, "-m", "harness", "serve", "--sessions", "20", "--out", str(tmp_path),
+                        "--no-progress"]),
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        preexec_fn=ignore_sigint,
     )
     try:
         deadline = time.monotonic() + 120

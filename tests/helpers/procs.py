@@ -3,7 +3,6 @@ Built on ``harness.drivers.procwatch`` (the scenarios' own observer), not a seco
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Callable
 
@@ -27,6 +26,9 @@ def wait_for(pred: Callable[[], bool], timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def ignore_sigint() -> None:
-    """A ``preexec_fn``: what a background job of a non-interactive shell inherits."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def sigint_ignored(argv: list[str]) -> list[str]:
+    """``argv`` as a background job of a non-interactive shell starts it: with SIGINT ignored, a
+    disposition that exec keeps. Through ``sh``, not a ``preexec_fn``: Python code run between fork
+    and exec deadlocks where another thread holds a lock (CI hung so, with five servers started at
+    once beside Ray's threads)."""
+    return ["/bin/sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]

@@ -22,7 +22,7 @@ from harness.drivers.serve_run import ServeOptions, serve
 from harness.errors import HarnessError, RunFailed
 
 from helpers import REPO
-from helpers.procs import ignore_sigint, wait_for
+from helpers.procs import sigint_ignored, wait_for
 
 
 def _rings_of(pid: int) -> list[str]:
@@ -31,7 +31,7 @@ def _rings_of(pid: int) -> list[str]:
 
 def _start(out: Path, *extra: str, new_group: bool = False) -> subprocess.Popen:
     argv = [sys.executable, "-m", "harness", "serve", "--preset", "tiny", "--no-progress", "--out", str(out), *extra]
-    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ignore_sigint,
+    return subprocess.Popen(sigint_ignored(argv), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=new_group, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
