@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from helpers import REPO
 from helpers.presets import tiny
-from helpers.procs import sigint_ignored, run_segments
+from helpers.procs import run_segments, sigint_ignored
 
 from harness.config import load_preset
 from harness.drivers.launcher import RankFailed

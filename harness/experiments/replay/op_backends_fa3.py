@@ -72,7 +72,7 @@ def _engine_dense(name: str, bf16_only: bool):
         if why is not None:
             raise Unsupported(why)
         if bf16_only and case.dtype != "bfloat16":
-            raise Unsupported(f"the kernel {name} is built for bf16 inputs (FP8 inside), input is {case.dtype}")
+            raise Unsupported(f"the kernel {name} is built for bf16 inputs only, input is {case.dtype}")
         a = attn_views(case, t)
         fn = attention.dense(name)
         return Prepared(lambda: fn(a["q"], a["k"], a["v"]))
